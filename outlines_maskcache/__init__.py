@@ -1,0 +1,77 @@
+"""outlines-maskcache: per-FSM-state mask caching for outlines.
+
+``import outlines_maskcache`` patches every supported outlines code path
+present (set ``OUTLINES_MASKCACHE=0`` to only import).  Outputs stay
+bit-identical to stock outlines; see docs/design.md for why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from outlines_maskcache.config import ConfigError, Settings, enabled_from_env
+from outlines_maskcache.patching import UnsupportedVersionError, install, installed_targets, is_installed, uninstall
+from outlines_maskcache.runtime import RUNTIME, disabled
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "UnsupportedVersionError",
+    "clear",
+    "configure",
+    "disabled",
+    "install",
+    "installed_targets",
+    "is_installed",
+    "reset_stats",
+    "settings",
+    "stats",
+    "uninstall",
+]
+
+
+def stats() -> dict[str, Any]:
+    """What the cache did: hits, misses, evictions, entries, bytes, fallbacks..."""
+    return RUNTIME.stats()
+
+
+def reset_stats() -> None:
+    RUNTIME.reset_stats()
+
+
+def clear() -> None:
+    """Drop every cached mask and memoized grammar (counters are kept)."""
+    RUNTIME.clear()
+
+
+def configure(
+    *,
+    max_bytes: int | None = None,
+    max_grammars: int | None = None,
+    form: str | None = None,
+    nan_guard: bool | None = None,
+    verify: bool | None = None,
+) -> Settings:
+    """Change settings; invalid values raise :class:`ConfigError` and change nothing.
+
+    max_bytes: cached mask bytes allowed per device (LRU eviction past it).
+    max_grammars: compiled grammars (Index objects) kept for reuse.
+    form: ``auto`` | ``bound`` | ``blocked`` (see docs/design.md).
+    nan_guard: repair NaN logits on blocked tokens exactly as stock does (costs a pass).
+    verify: compare every served mask with a fresh build (debugging; slow).
+    """
+    changes = {
+        k: v
+        for k, v in dict(max_bytes=max_bytes, max_grammars=max_grammars, form=form, nan_guard=nan_guard, verify=verify).items()
+        if v is not None
+    }
+    return RUNTIME.configure(**changes)
+
+
+def settings() -> Settings:
+    return RUNTIME.settings
+
+
+if enabled_from_env():
+    install()

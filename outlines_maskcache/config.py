@@ -1,0 +1,110 @@
+"""Settings of the cache and how they are read from the environment.
+
+Environment values are parsed strictly: a value we do not understand is a
+warning and the safe default, never a guess.  The safe default for the master
+switch is *stock outlines*, because a deployment that wrote
+``OUTLINES_MASKCACHE=maybe`` has not asked for a changed code path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+ENV_ENABLE = "OUTLINES_MASKCACHE"
+ENV_MAX_BYTES = "OUTLINES_MASKCACHE_MAX_BYTES"
+
+#: Bytes of cached masks allowed per device.  A 128k-vocabulary fp32 row is
+#: 512 KiB, so the default holds about 2,000 states per device.
+DEFAULT_MAX_BYTES = 1 << 30
+DEFAULT_MAX_GRAMMARS = 64
+#: ``auto`` picks the fastest exact form for the logits' device: ``bound``
+#: (a +inf/-inf row applied with one ``minimum``) on CPU, ``blocked`` (a bool
+#: row applied with ``masked_fill_``) on accelerators.
+FORMS = ("auto", "bound", "blocked")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be honoured; raised before anything changes."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One immutable snapshot, swapped whole so readers never see a half update."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_grammars: int = DEFAULT_MAX_GRAMMARS
+    form: str = "auto"
+    nan_guard: bool = False
+    verify: bool = False
+
+    def updated(self, **changes: object) -> "Settings":
+        for name, value in changes.items():
+            _validate(name, value)
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _validate(name: str, value: object) -> None:
+    if name in ("max_bytes", "max_grammars"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < 0 or (name == "max_grammars" and value == 0):
+            raise ConfigError(f"{name} must be {'>= 1' if name == 'max_grammars' else '>= 0'}, got {value}")
+    elif name == "form":
+        if value not in FORMS:
+            raise ConfigError(f"form must be one of {FORMS}, got {value!r}")
+    elif name in ("nan_guard", "verify"):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be a bool, got {value!r}")
+    else:
+        raise ConfigError(f"unknown setting {name!r}")
+
+
+def parse_size(text: str) -> int:
+    """Read ``"536870912"``, ``"512MiB"`` or ``"1G"`` as a byte count."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(f"not a byte size: {text!r} (use e.g. 536870912, 512MiB, 1G)")
+    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
+
+
+def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    raw = environ.get(ENV_ENABLE)
+    if raw is None or raw.strip() == "":
+        return True
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    warnings.warn(
+        f"{ENV_ENABLE}={raw!r} is not one of {sorted(_TRUE | _FALSE)}; "
+        "outlines_maskcache stays off and outlines runs stock",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
+    settings = Settings()
+    raw = environ.get(ENV_MAX_BYTES)
+    if raw is not None and raw.strip():
+        try:
+            settings = settings.updated(max_bytes=parse_size(raw))
+        except ConfigError as err:
+            warnings.warn(
+                f"{ENV_MAX_BYTES}: {err}; keeping the default of {DEFAULT_MAX_BYTES} bytes",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return settings

@@ -1,0 +1,153 @@
+"""Grammar fingerprints and the bounded memo of compiled grammars.
+
+A cached mask is only as correct as its key.  The key's first element names
+the compiled grammar (an outlines_core ``Index``, a ``RegexGuide``...) the mask
+was read from.  Two ways to name one:
+
+* **content**: ``sha256(vocabulary fingerprint, regex)``, given when we built
+  the grammar ourselves through :class:`Memo`.  It survives across calls, so
+  the second ``model(prompt, User)`` hits what the first one cached.
+* **identity**: a fresh token for an object someone else built.  We keep a
+  strong reference to the object while the token is live, so its ``id`` can
+  not be recycled for another grammar under our feet.  When the registry
+  forgets the object, the cache drops its masks.
+
+The memo exists because outlines 1.x rebuilds the Vocabulary and the Index on
+every call (0.3-1.2 s for a 4-field schema); an Index is deterministic in
+``(regex, vocabulary)``, so reusing it changes no result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Iterable
+
+Fingerprint = str
+
+
+def digest(*parts: object) -> Fingerprint:
+    h = hashlib.sha256()
+    for part in parts:
+        data = part if isinstance(part, bytes) else repr(part).encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:32]
+
+
+def vocabulary_digest(items: Iterable[tuple[Any, Any]], *extra: object) -> Fingerprint:
+    """Order-independent content hash of a token->id(s) mapping."""
+    rows = sorted(repr(item) for item in items)
+    return digest(*extra, "\x00".join(rows))
+
+
+class Registry:
+    """Fingerprints of live grammar objects, bounded, with eviction callbacks."""
+
+    def __init__(self, capacity: int, on_forget: Callable[[list[Fingerprint]], None]) -> None:
+        self._lock = threading.Lock()
+        self._by_id: OrderedDict[int, tuple[Any, Fingerprint]] = OrderedDict()
+        self._capacity = capacity
+        self._on_forget = on_forget
+        self._tokens = itertools.count()
+
+    def set_capacity(self, capacity: int) -> None:
+        with self._lock:
+            self._capacity = capacity
+            forgotten = self._trim()
+        self._forget(forgotten)
+
+    def register(self, obj: Any, fingerprint: Fingerprint) -> None:
+        with self._lock:
+            self._by_id[id(obj)] = (obj, fingerprint)
+            self._by_id.move_to_end(id(obj))
+            forgotten = self._trim()
+        self._forget(forgotten)
+
+    def of(self, obj: Any) -> Fingerprint:
+        with self._lock:
+            entry = self._by_id.get(id(obj))
+            if entry is not None and entry[0] is obj:
+                self._by_id.move_to_end(id(obj))
+                return entry[1]
+            fingerprint = f"id:{next(self._tokens)}"
+            self._by_id[id(obj)] = (obj, fingerprint)
+            forgotten = self._trim()
+        self._forget(forgotten)
+        return fingerprint
+
+    def _trim(self) -> list[Fingerprint]:
+        forgotten = []
+        while len(self._by_id) > self._capacity:
+            _, (_, fingerprint) = self._by_id.popitem(last=False)
+            forgotten.append(fingerprint)
+        return forgotten
+
+    def _forget(self, fingerprints: list[Fingerprint]) -> None:
+        # Content fingerprints may come back (the same schema compiled again),
+        # but their masks are still right then; only identity tokens are dead.
+        dead = [fp for fp in fingerprints if fp.startswith("id:")]
+        if dead:
+            self._on_forget(dead)
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            forgotten = [fp for _, fp in self._by_id.values()]
+            self._by_id.clear()
+        self._forget(forgotten)
+
+
+class Memo:
+    """A small thread-safe LRU of expensive, deterministic builds."""
+
+    def __init__(self, capacity: int) -> None:
+        self._lock = threading.Lock()
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self._building: dict[Hashable, threading.Lock] = {}
+        self.capacity = capacity
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_build(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key]
+            gate = self._building.setdefault(key, threading.Lock())
+        # One build per key at a time: a server that receives the same schema
+        # from 32 threads at once compiles it once, not 32 times.
+        with gate:
+            with self._lock:
+                if key in self._items:
+                    self.hits += 1
+                    return self._items[key]
+            try:
+                value = build()
+            except BaseException:
+                with self._lock:
+                    self._building.pop(key, None)
+                raise
+            with self._lock:
+                self.misses += 1
+                self._items[key] = value
+                while len(self._items) > self.capacity:
+                    self._items.popitem(last=False)
+                self._building.pop(key, None)
+            return value
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._building = {}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,77 @@
+"""Per-framework mask kernels: turn an allowed-token vector into a cached row and apply rows to logits.
+
+Every kernel exposes the same small surface (see :class:`Kernel`) so that
+adapters never branch on the tensor library.  Rows are derived from a boolean
+"allowed" vector built on the CPU with numpy, which is also the single place
+where stock's bitmask layout (bit ``t % 32`` of word ``t // 32``) is decoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Protocol, Sequence
+
+import numpy as np
+
+
+class Kernel(Protocol):
+    name: str
+
+    def placement(self, logits: Any, form: str) -> tuple[Hashable, Hashable, str]:
+        """(device key, dtype key, concrete form) of the rows that fit *logits*."""
+
+    def row(self, allowed: np.ndarray, form: str, logits: Any) -> Any:
+        """A cached row for *allowed* (bool, length = logits width)."""
+
+    def nbytes(self, row: Any) -> int: ...
+
+    def valid(self, row: Any, form: str, logits: Any) -> bool:
+        """Cheap metadata check before a cached row is served."""
+
+    def equal(self, a: Any, b: Any) -> bool: ...
+
+    def apply(self, logits: Any, rows: Sequence[Any], form: str, nan_guard: bool) -> Any:
+        """Mask *logits* (B, V) with one row per batch row; return the result."""
+
+
+def allowed_from_words(words: np.ndarray, width: int) -> np.ndarray:
+    """Decode a stock int32 bitmask into a bool vector of *width* tokens.
+
+    Bits past the bitmask are disallowed, exactly as the stock kernels set
+    every logit beyond ``32 * len(words)`` to -inf.
+    """
+    bits = np.unpackbits(np.ascontiguousarray(words, dtype="<i4").view(np.uint8), bitorder="little")
+    allowed = np.zeros(width, dtype=bool)
+    n = min(width, bits.size)
+    allowed[:n] = bits[:n].astype(bool)
+    return allowed
+
+
+def allowed_from_ids(ids: Any, width: int) -> np.ndarray:
+    """Bool vector from a list/array of allowed ids; ids outside [0, width) raise like stock indexing would."""
+    idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < -width or idx.max() >= width):
+        raise IndexError(f"allowed token id out of range for logits width {width}")
+    allowed = np.zeros(width, dtype=bool)
+    allowed[idx] = True
+    return allowed
+
+
+def words_from_allowed(allowed: np.ndarray, n_words: int) -> np.ndarray:
+    padded = np.zeros(n_words * 32, dtype=bool)
+    padded[: allowed.size] = allowed[: n_words * 32]
+    return np.packbits(padded, bitorder="little").view("<i4").astype(np.int32)
+
+
+def kernel_for(logits: Any) -> Kernel | None:
+    """The kernel for *logits*' library, or None for a library we do not handle."""
+    module = type(logits).__module__
+    if module.startswith("torch"):
+        from outlines_maskcache.kernels.torch import KERNEL
+        return KERNEL
+    if module.startswith("numpy"):
+        from outlines_maskcache.kernels.numpy import KERNEL as NP_KERNEL
+        return NP_KERNEL
+    if module.startswith("mlx"):
+        from outlines_maskcache.kernels.mlx import KERNEL as MLX_KERNEL
+        return MLX_KERNEL
+    return None

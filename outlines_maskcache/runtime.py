@@ -1,0 +1,106 @@
+"""Process-wide state: settings, the mask cache, grammar fingerprints, memos and the on/off switch.
+
+One :class:`Runtime` per process.  Nothing here survives ``fork`` as shared
+state: a child gets a copy (CPU rows are plain memory, CUDA tensors are never
+valid across processes), and :func:`_after_fork` empties the copy's CUDA
+entries so a child never serves a parent's device tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+from typing import Any, Iterator
+
+from outlines_maskcache.cache import MaskCache
+from outlines_maskcache.config import Settings, settings_from_env
+from outlines_maskcache.fingerprint import Fingerprint, Memo, Registry
+
+log = logging.getLogger("outlines_maskcache")
+
+_disabled: contextvars.ContextVar[int] = contextvars.ContextVar("outlines_maskcache_disabled", default=0)
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.installed = False
+        self.cache = MaskCache(settings.max_bytes)
+        self.grammars = Registry(4 * settings.max_grammars, self.cache.drop)
+        #: compiled grammars (outlines_core Index, RegexGuide...) by content key
+        self.grammar_memo = Memo(settings.max_grammars)
+        #: token vocabularies converted for a compiler, by tokenizer identity + content
+        self.vocabulary_memo = Memo(max(4, settings.max_grammars // 4))
+        self._logged: set[str] = set()
+        self._log_lock = threading.Lock()
+
+    def active(self) -> bool:
+        return self.installed and not _disabled.get()
+
+    def fingerprint(self, grammar: Any) -> Fingerprint:
+        return self.grammars.of(grammar)
+
+    def configure(self, **changes: Any) -> Settings:
+        settings = self.settings.updated(**changes)
+        self.settings = settings
+        self.cache.set_max_bytes(settings.max_bytes)
+        self.grammar_memo.capacity = settings.max_grammars
+        self.vocabulary_memo.capacity = max(4, settings.max_grammars // 4)
+        self.grammars.set_capacity(4 * settings.max_grammars)
+        return settings
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.grammar_memo.clear()
+        self.vocabulary_memo.clear()
+        self.grammars.clear()
+
+    def fault(self, where: str, err: BaseException) -> None:
+        """Count a fallback to stock and log it once per place and error type."""
+        self.cache.count("fallbacks")
+        tag = f"{where}:{type(err).__name__}"
+        with self._log_lock:
+            if tag in self._logged:
+                return
+            self._logged.add(tag)
+        log.warning("outlines_maskcache: %s failed (%s: %s); used the stock computation", where, type(err).__name__, err)
+
+    def stats(self) -> dict[str, Any]:
+        snap = self.cache.snapshot()
+        snap.update(
+            installed=self.installed,
+            grammar_memo={"hits": self.grammar_memo.hits, "misses": self.grammar_memo.misses, "entries": len(self.grammar_memo)},
+            vocabulary_memo={"hits": self.vocabulary_memo.hits, "misses": self.vocabulary_memo.misses, "entries": len(self.vocabulary_memo)},
+        )
+        return snap
+
+    def reset_stats(self) -> None:
+        self.cache.reset_counters()
+        for memo in (self.grammar_memo, self.vocabulary_memo):
+            memo.hits = memo.misses = 0
+
+    def _after_fork(self) -> None:
+        # Locks may have been held by another thread at fork time.
+        for part in (self.cache, self.grammars, self.grammar_memo, self.vocabulary_memo):
+            part.after_fork()
+        self._log_lock = threading.Lock()
+        self.cache.drop_devices(lambda device: not str(device).startswith("cpu"))
+
+
+RUNTIME = Runtime(settings_from_env())
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=RUNTIME._after_fork)
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run stock outlines inside the block, in this thread/task only; nests."""
+    token = _disabled.set(_disabled.get() + 1)
+    try:
+        yield
+    finally:
+        _disabled.reset(token)

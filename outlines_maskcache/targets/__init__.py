@@ -1,0 +1,17 @@
+"""What can be patched, as data: one :class:`Target` per code path, newest first."""
+
+from __future__ import annotations
+
+from outlines_maskcache.patching import Target
+from outlines_maskcache.targets import outlines_core_backend
+
+TARGETS: list[Target] = [
+    Target(
+        name="outlines-core-backend",
+        distributions=("outlines",),
+        supported=">=1.2,<1.4",
+        module="outlines.backends.outlines_core",
+        patches=outlines_core_backend.patches,
+        note="transformers, llama.cpp, mlx-lm through the default outlines_core backend",
+    ),
+]

