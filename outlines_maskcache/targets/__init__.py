@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from outlines_maskcache.patching import Target
-from outlines_maskcache.targets import outlines_core_backend
+from outlines_maskcache.targets import guide_processor, outlines_core_backend
 
 TARGETS: list[Target] = [
     Target(
@@ -13,5 +13,13 @@ TARGETS: list[Target] = [
         module="outlines.backends.outlines_core",
         patches=outlines_core_backend.patches,
         note="transformers, llama.cpp, mlx-lm through the default outlines_core backend",
+    ),
+    Target(
+        name="guide-processor",
+        distributions=("outlines",),
+        supported=">=0.1.1,<1.2",
+        module="outlines.processors.structured",
+        patches=guide_processor.patches,
+        note="Regex/JSON GuideLogitsProcessor of the 0.1-1.1 line (transformers, llama.cpp, mlx-lm, vLLM offline); CFG stays stock",
     ),
 ]

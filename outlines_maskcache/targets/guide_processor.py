@@ -1,0 +1,172 @@
+"""Adapter for outlines 0.1.1-1.1: ``outlines.processors.structured.GuideLogitsProcessor``.
+
+Two layouts of one algorithm live in this line, and stock's own per-step
+cost is rebuilding a (B, V) bool mask from ``torch.tensor(allowed_ids)``
+(0.15-31 ms a row at 128k tokens):
+
+* 0.1.1-0.2.x: torch only, masks *in place* (``logits.masked_fill_``).
+* 1.0-1.1: a ``tensor_adapter`` (torch, numpy, mlx...), masks *out of place*
+  (``masked_fill`` / ``copy()``), so the caller's logits stay untouched.
+
+Patched:
+
+* ``GuideLogitsProcessor.process_logits`` (Regex/JSON processors inherit it):
+  each row's state comes from stock's own prefix-hash table
+  (``_guide_states``, ``_seq_start_idx``), filled exactly as stock fills it;
+  masks come from the cache; any fault runs stock's method for the step.
+  ``CFGLogitsProcessor`` overrides ``process_logits`` and so stays stock, as
+  does any guide whose allowed tokens are not a function of an FSM state.
+* ``RegexGuide.from_regex``: memoized, because every ``generate.regex`` /
+  ``generate.json`` / ``Generator`` call compiles a new guide (0.3-1.2 s; a
+  disk cache in 1.x still unpickles a new Index), which would leave the mask
+  cache cold.  A ``RegexGuide`` holds no per-generation state (stock's
+  ``copy()`` returns ``self``), so sharing one changes no result.
+
+0.1.0 is not patched: its ``process_logits`` hashed tuples of 0-d tensors
+(identity hashes, so its state table failed from the third token; fixed in
+0.1.1) and built the mask out of place with ``full_like``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+from outlines_maskcache.fingerprint import digest
+from outlines_maskcache.kernels import Kernel, allowed_from_ids, kernel_for
+from outlines_maskcache.masking import cached_or_stock, mask_logits
+from outlines_maskcache.patching import Patch
+from outlines_maskcache.runtime import RUNTIME
+from outlines_maskcache.targets.outlines_core_backend import _content_hash
+
+#: Kernels whose result matches stock's dtype on the out-of-place (1.x)
+#: layout.  Stock's mlx adapter writes ``mx.where(mask, mx.array(-inf), x)``,
+#: which promotes bf16/fp16 logits to float32; ours would keep the dtype.
+_OUT_OF_PLACE_KERNELS = ("torch", "numpy")
+
+
+def _states(processor: Any, input_ids: Any, to_list: Callable[[Any], list]) -> list[Hashable]:
+    """Each row's guide state, filling ``_guide_states`` exactly as stock does.
+
+    Stock keys the table by ``hash(tuple(generated ids))`` and, on a miss,
+    advances from the entry of the prefix one token shorter.  The only change
+    is one ``to_list`` for the whole batch instead of two per row: both give
+    the same Python ints, so keys, lookups and ``get_next_state`` calls are
+    the same.  The hash itself is not made incremental: CPython exposes no
+    running tuple hash, and the table must collide exactly where stock's does.
+    """
+    if processor._seq_start_idx is None:
+        processor._seq_start_idx = len(input_ids[0])
+    start = processor._seq_start_idx
+    table = processor._guide_states
+    guide = processor.guide
+    states: list[Hashable] = []
+    for row in to_list(input_ids):
+        generated = row[start:]
+        key = hash(tuple(generated))
+        if key not in table:
+            previous = table[hash(tuple(generated[:-1]))]
+            table[key] = guide.get_next_state(previous, generated[-1])
+        states.append(table[key])
+    return states
+
+
+def _token_ids(tokens: Any) -> np.ndarray:
+    """Stock's ``Instruction.tokens`` as a numpy id array.
+
+    Anything stock could not use as an index (``None``, an empty float
+    tensor) raises here, so the step runs stock and fails as stock fails.
+    """
+    if hasattr(tokens, "detach"):  # a torch tensor, possibly on a device
+        tokens = tokens.detach().cpu().numpy()
+    ids = np.asarray(tokens)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"allowed tokens of dtype {ids.dtype} are not token ids")
+    return ids
+
+
+def _allowed_reader(guide: Any, states: list[Hashable], width: int) -> Callable[[int], np.ndarray]:
+    def allowed_of(i: int) -> np.ndarray:
+        # The same call stock makes for the row; only run on a cache miss.
+        return allowed_from_ids(_token_ids(guide.get_next_instruction(states[i]).tokens), width)
+
+    return allowed_of
+
+
+def _private_copy(logits: Any) -> Any:
+    """A copy to mask in place, for the layout whose stock leaves its input untouched."""
+    if isinstance(logits, np.ndarray):
+        return logits.copy()
+    return logits.clone()
+
+
+def patches(module: ModuleType) -> list[Patch]:
+    from outlines_core.fsm.guide import RegexGuide as CoreRegexGuide
+
+    processor_cls = module.GuideLogitsProcessor
+    guide_cls = module.RegexGuide
+    stock_process = processor_cls.__dict__["process_logits"]
+    stock_from_regex = guide_cls.__dict__["from_regex"]
+    core_instruction = CoreRegexGuide.get_next_instruction
+
+    def cacheable(guide: Any) -> bool:
+        # Allowed tokens must be a function of the state alone: true of the
+        # core RegexGuide's get_next_instruction, not of CFGGuide or of a
+        # subclass that overrides it.
+        return isinstance(guide, CoreRegexGuide) and type(guide).get_next_instruction is core_instruction
+
+    def kernel_of(processor: Any, logits: Any) -> Kernel | None:
+        kernel = kernel_for(logits)
+        if kernel is None:
+            return None
+        if getattr(processor, "tensor_adapter", None) is not None and kernel.name not in _OUT_OF_PLACE_KERNELS:
+            return None
+        return kernel
+
+    def process_logits(self: Any, input_ids: Any, logits: Any) -> Any:
+        if not RUNTIME.active():
+            return stock_process(self, input_ids, logits)
+        kernel = kernel_of(self, logits)
+        if kernel is None or not cacheable(self.guide):
+            return stock_process(self, input_ids, logits)
+        adapter = getattr(self, "tensor_adapter", None)
+
+        def cached() -> Any:
+            to_list = adapter.to_list if adapter is not None else (lambda t: t.tolist())
+            states = _states(self, input_ids, to_list)
+            target = logits if adapter is None else _private_copy(logits)
+            reader = _allowed_reader(self.guide, states, int(logits.shape[1]))
+            return mask_logits(self.guide, states, target, reader, kernel)
+
+        # A fault after the state table was filled is harmless: stock finds
+        # the same entries it would have written.  On the in-place layout a
+        # half-masked batch re-masked by stock equals stock (cached_or_stock).
+        return cached_or_stock("guide processor mask", cached, lambda: stock_process(self, input_ids, logits))
+
+    def from_regex(cls: type, regex_string: str, tokenizer: Any, **kwargs: Any) -> Any:
+        stock = stock_from_regex.__get__(None, cls)
+        if not RUNTIME.active() or kwargs or cls is not guide_cls:
+            return stock(regex_string, tokenizer, **kwargs)
+        try:
+            # The guide reads the tokenizer's vocabulary, special tokens,
+            # convert_token_to_string and eos id; the identity covers all of
+            # them, the content parts catch a tokenizer mutated in place.
+            key = ("regex-guide", RUNTIME.fingerprint(tokenizer), tokenizer.eos_token_id,
+                   _content_hash(tokenizer.vocabulary), regex_string)
+        except Exception as err:  # noqa: BLE001 - an unusual tokenizer compiles stock, unmemoized
+            RUNTIME.fault("guide memo key", err)
+            return stock(regex_string, tokenizer)
+
+        def build() -> Any:
+            guide = stock(regex_string, tokenizer)
+            RUNTIME.grammars.register(guide, digest(*key))
+            return guide
+
+        return RUNTIME.grammar_memo.get_or_build(key, build)
+
+    return [
+        Patch(processor_cls, "process_logits", process_logits),
+        Patch(guide_cls, "from_regex", classmethod(from_regex)),
+    ]

@@ -1,0 +1,154 @@
+"""install/uninstall/disabled/stats: reversible, observable, idempotent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import warnings
+
+import pytest
+import torch
+
+import outlines_maskcache as mc
+from outlines_maskcache import patching
+from outlines_maskcache.patching import Target, UnsupportedVersionError
+from versions import requires_outlines_core_backend
+
+
+def _stock_attributes():
+    from outlines.backends.outlines_core import OutlinesCoreBackend, OutlinesCoreLogitsProcessor
+
+    return {
+        "process_logits": OutlinesCoreLogitsProcessor.__dict__["process_logits"],
+        "vocab": OutlinesCoreBackend.__dict__["create_outlines_core_vocabulary"],
+        "regex": OutlinesCoreBackend.__dict__["get_regex_logits_processor"],
+    }
+
+
+@requires_outlines_core_backend
+def test_uninstall_restores_exact_originals_and_install_is_idempotent():
+    mc.uninstall()
+    stock = _stock_attributes()
+    assert isinstance(stock["vocab"], staticmethod)
+    assert mc.install() == mc.install() == ["outlines-core-backend"]
+    patched = _stock_attributes()
+    assert all(patched[k] is not stock[k] for k in stock)
+    mc.uninstall()
+    mc.uninstall()  # twice is harmless
+    assert _stock_attributes() == stock and not mc.is_installed()
+    mc.install()
+    assert mc.is_installed()
+
+
+def test_import_before_outlines_installs_and_env_zero_does_not():
+    code = (
+        "import sys, outlines_maskcache as mc; assert 'outlines' in sys.modules; print(mc.installed_targets())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "outlines-core-backend" in out or "guide-processor" in out
+    env = {"OUTLINES_MASKCACHE": "0", "PATH": ""}
+    out = subprocess.run([sys.executable, "-c", "import outlines_maskcache as mc; print(mc.is_installed())"],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip() == "False"
+    out = subprocess.run([sys.executable, "-W", "always", "-c", "import outlines_maskcache as mc; print(mc.is_installed())"],
+                         capture_output=True, text=True, check=True, env={"OUTLINES_MASKCACHE": "maybe"})
+    assert out.stdout.strip() == "False" and "maybe" in out.stderr
+
+
+def test_import_after_outlines_installs():
+    code = "import outlines, outlines_maskcache as mc; print(mc.is_installed())"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
+
+
+def _fake_target(supported: str, patches=None) -> Target:
+    return Target(name="fake", distributions=("outlines",), supported=supported, module="json",
+                  patches=patches or (lambda module: [patching.Patch(module, "maskcache_probe", 1)]))
+
+
+def test_unsupported_version_warns_and_patches_nothing(monkeypatch):
+    import json
+
+    monkeypatch.setattr("outlines_maskcache.targets.TARGETS", [_fake_target("<0.0.1")])
+    mc.uninstall()
+    with pytest.warns(RuntimeWarning, match="outside the supported range"):
+        assert mc.install() == []
+    assert not hasattr(json, "maskcache_probe") and not mc.is_installed()
+    with pytest.raises(UnsupportedVersionError):
+        mc.install(strict=True)
+    with pytest.raises(UnsupportedVersionError):
+        mc.install(targets=["fake"])
+    with pytest.raises(ValueError, match="unknown targets"):
+        mc.install(targets=["nope"])
+
+
+def test_unknown_layout_warns_and_patches_nothing(monkeypatch):
+    def broken(module):
+        return [patching.Patch(module, "loads", module.no_such_attribute)]
+
+    monkeypatch.setattr("outlines_maskcache.targets.TARGETS", [_fake_target(">=0", broken)])
+    mc.uninstall()
+    with pytest.warns(RuntimeWarning, match="cannot patch"):
+        assert mc.install() == []
+
+
+def test_inherited_attribute_is_deleted_on_uninstall(monkeypatch):
+    import json
+
+    monkeypatch.setattr("outlines_maskcache.targets.TARGETS", [_fake_target(">=0")])
+    mc.uninstall()
+    assert mc.install() == ["fake"] and json.maskcache_probe == 1
+    mc.uninstall()
+    assert not hasattr(json, "maskcache_probe")
+
+
+@requires_outlines_core_backend
+def test_disabled_nests_and_is_per_thread():
+    from outlines_core import Index, Vocabulary
+    from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
+
+    index = Index("a+", Vocabulary(1, {"a": [0]}))
+    seen = {}
+
+    def run(name):
+        proc = OutlinesCoreLogitsProcessor(index, "torch")
+        proc(torch.tensor([[0]]), torch.zeros(1, 4))
+        seen[name] = mc.stats()["misses"]
+
+    with mc.disabled():
+        with mc.disabled():
+            run("nested")
+        run("outer")
+        # another thread is not disabled by this block
+        t = threading.Thread(target=run, args=("thread",))
+        t.start()
+        t.join()
+    run("after")
+    assert seen["nested"] == 0 and seen["outer"] == 0 and seen["thread"] == 1 and seen["after"] == 1
+
+
+@requires_outlines_core_backend
+def test_stats_and_clear():
+    from outlines_core import Index, Vocabulary
+    from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
+
+    index = Index("ab", Vocabulary(2, {"a": [0], "b": [1]}))
+    for _ in range(2):
+        proc = OutlinesCoreLogitsProcessor(index, "torch")
+        proc(torch.tensor([[5], [5]]), torch.zeros(2, 4))
+    stats = mc.stats()
+    assert (stats["misses"], stats["hits"], stats["entries"]) == (1, 1, 1)
+    assert stats["bytes"] == 4 * 4 and stats["bytes_by_device"] == {"cpu": 16}
+    mc.clear()
+    assert mc.stats()["entries"] == 0 and mc.stats()["misses"] == 1
+    mc.reset_stats()
+    assert mc.stats()["misses"] == 0
+
+
+def test_configure_rejects_bad_values_and_changes_nothing():
+    before = mc.settings()
+    for bad in (dict(max_bytes=-1), dict(max_bytes="big"), dict(form="fastest"), dict(nan_guard="yes")):
+        with pytest.raises(mc.ConfigError):
+            mc.configure(**bad)
+    assert mc.settings() == before
+    assert mc.configure(max_bytes=1 << 20).max_bytes == 1 << 20
