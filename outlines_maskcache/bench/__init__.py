@@ -1,0 +1,1 @@
+"""Benchmarks: measured side by side and interleaved, never as timed tests."""

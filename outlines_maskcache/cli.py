@@ -1,0 +1,187 @@
+"""``outlines-maskcache``: benchmarks, a demo and a status report.
+
+    outlines-maskcache bench [--quick] [--tokenizers gpt2,llama3] [--batch 1,8,32] [--json out.json] [--plot out.png]
+    outlines-maskcache demo
+    outlines-maskcache status
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import outlines_maskcache as mc
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def _progress(total: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    try:
+        from rich.progress import Progress
+    except ImportError:  # rich is in the `bench` extra; degrade to silence
+        return (lambda: None), (lambda: None)
+    bar = Progress(transient=True)
+    task = bar.add_task("benchmarking", total=total)
+    bar.start()
+    return (lambda: bar.advance(task)), bar.stop
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    return "-" if x is None else f"{x:,.1f}{unit}"
+
+
+def print_micro(cases: list) -> None:
+    from outlines_maskcache.bench.micro import VARIANTS
+
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = Table = None  # type: ignore[assignment]
+    present = [v for v in VARIANTS if any(v in c.median_us for c in cases)]
+    headers = ["tokenizer", "grammar", "B", "V"] + [f"{v} µs" for v in present] + ["warm/floor", "stock/warm"]
+    rows = []
+    for c in cases:
+        rows.append([c.tokenizer, c.grammar, str(c.batch), f"{c.vocab:,}"]
+                    + [_fmt(c.median_us.get(v)) for v in present]
+                    + [_fmt(c.ratio("cached-warm", "floor"), "x"), _fmt(c.ratio("stock", "cached-warm"), "x")])
+    if Table is None:
+        print("\t".join(headers))
+        for row in rows:
+            print("\t".join(row))
+        return
+    table = Table(title="per-step processor time (median)")
+    for h in headers:
+        table.add_column(h, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def plot_micro(cases: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grammars = sorted({c.grammar for c in cases})
+    fig, axes = plt.subplots(1, len(grammars), figsize=(6 * len(grammars), 4.5), squeeze=False)
+    for ax, grammar in zip(axes[0], grammars):
+        subset = [c for c in cases if c.grammar == grammar]
+        variants = sorted({v for c in subset for v in c.median_us})
+        labels = [f"{c.tokenizer}\nB={c.batch}" for c in subset]
+        width = 0.8 / max(1, len(variants))
+        for k, variant in enumerate(variants):
+            xs = [i + k * width for i in range(len(subset))]
+            ax.bar(xs, [c.median_us.get(variant, 0) for c in subset], width, label=variant)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(subset))], labels)
+        ax.set_yscale("log")
+        ax.set_ylabel("µs per step (median, log)")
+        ax.set_title(grammar)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import micro
+
+    if args.quick:
+        args.tokenizers, args.batch, args.steps, args.repeats = ["gpt2"], [1, 8], 6, 1
+    results: dict[str, Any] = {"settings": vars(args).copy()}
+    advance, stop = _progress(len(args.tokenizers) * 2 * len(args.batch) * args.repeats * len(micro.VARIANTS))
+    try:
+        cases = micro.run(args.tokenizers, list(micro.GRAMMARS), args.batch, args.steps, args.repeats,
+                          device=args.device, progress_factory=lambda total: advance)
+    finally:
+        stop()
+    print_micro(cases)
+    results["micro"] = micro.as_json(cases)
+    if args.e2e or args.compile:
+        from outlines_maskcache.bench import e2e
+
+        if args.compile:
+            results["compile"] = e2e.compile_latency(args.tokenizers[0], repeats=2 if args.quick else 3)
+            e2e.print_compile(results["compile"])
+        if args.e2e:
+            results["e2e"] = e2e.throughput(args.engines, batches=[1] if args.quick else [1, 8],
+                                            new_tokens=16 if args.quick else 64, repeats=1 if args.quick else 3)
+            e2e.print_throughput(results["e2e"])
+    results["stats"] = mc.stats()
+    results["settings"]["tokenizers"] = args.tokenizers
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_micro(cases, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Stock vs cached on a small local model and the real GPT-2 tokenizer, no hub access."""
+    from outlines_maskcache.bench import micro
+
+    print("outlines-maskcache demo: JSON schema with string fields, GPT-2 tokenizer (50,257), batch 1 and 8")
+    cases = micro.run(["gpt2"], ["json-dense"], [1, 8], steps=args.steps, repeats=2, variants=("floor", "stock", "cached-warm"))
+    for c in cases:
+        print(f"B={c.batch}: stock {c.median_us['stock']:,.0f} µs/step, cached {c.median_us['cached-warm']:,.0f} µs/step "
+              f"({c.ratio('stock', 'cached-warm'):.1f}x faster; floor add_ {c.median_us['floor']:,.0f} µs)")
+    from outlines_maskcache.bench import e2e
+
+    same, text = e2e.identical_generation("gpt2")
+    print(f"generation with and without the cache identical: {same}\n  {text!r}")
+    print("cache stats:", {k: v for k, v in mc.stats().items() if k in ("hits", "misses", "entries", "bytes", "fallbacks")})
+    return 0 if same else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from outlines_maskcache.targets import TARGETS
+
+    print(f"outlines-maskcache {mc.__version__}; installed: {mc.installed_targets() or 'nothing'}")
+    for target in TARGETS:
+        version = target.installed_version()
+        state = "absent" if version is None else ("supported" if target.supports(version) else "UNSUPPORTED")
+        print(f"  {target.name:24} {target.distributions[0]} {version or '-'} ({target.supported}): {state}")
+    print(json.dumps(mc.stats(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="outlines-maskcache", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="measure stock vs cached side by side")
+    bench.add_argument("--tokenizers", type=_csv(str), default=["gpt2", "llama3"])
+    bench.add_argument("--batch", type=_csv(int), default=[1, 8, 32])
+    bench.add_argument("--steps", type=int, default=24)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--quick", action="store_true", help="a few seconds: proves the benchmark works")
+    bench.add_argument("--e2e", action="store_true", help="also tokens/s of SmolLM2-135M end to end")
+    bench.add_argument("--engines", type=_csv(str), default=["transformers", "llamacpp"])
+    bench.add_argument("--compile", action="store_true", help="also first vs repeated model(prompt, Schema) setup")
+    bench.add_argument("--json", help="write machine-readable results here")
+    bench.add_argument("--plot", help="write a PNG of step time per variant here")
+    bench.set_defaults(func=cmd_bench)
+    demo = sub.add_parser("demo", help="stock vs cached on a small local model")
+    demo.add_argument("--steps", type=int, default=20)
+    demo.set_defaults(func=cmd_demo)
+    status = sub.add_parser("status", help="which targets are patched, and the cache's counters")
+    status.set_defaults(func=cmd_status)
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        for name in args.tokenizers:
+            if name not in ("gpt2", "llama3"):
+                parser.error(f"unknown tokenizer {name!r} (gpt2, llama3)")
+        if any(b < 1 for b in args.batch) or args.steps < 2 or args.repeats < 1:
+            parser.error("--batch values, --repeats must be >= 1 and --steps >= 2")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
