@@ -43,6 +43,18 @@ def vocabulary_digest(items: Iterable[tuple[Any, Any]], *extra: object) -> Finge
     return digest(*extra, "\x00".join(rows))
 
 
+def vocabulary_hash(vocab: dict) -> Any:
+    """A cheap content key for a token->id(s) dict (a memo key, not a fingerprint).
+
+    ``hash(frozenset(items))`` costs ~10 ms at 128k tokens, against the
+    0.3-1.2 s build it guards; unhashable values fall back to the digest.
+    """
+    try:
+        return hash(frozenset(vocab.items()))
+    except TypeError:  # lists of ids
+        return vocabulary_digest(vocab.items())
+
+
 class Registry:
     """Fingerprints of live grammar objects, bounded, with eviction callbacks."""
 

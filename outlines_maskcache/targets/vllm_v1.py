@@ -1,0 +1,169 @@
+"""Adapter for vLLM V1 (>= 0.11): ``vllm.v1.structured_output.backend_outlines``.
+
+vLLM's outlines backend fills one int32 bitmask row per constrained request
+per step with ``guide.write_mask_into`` (50-400 us at 32k-256k vocabulary),
+in the EngineCore process, from a thread pool for large batches.  The row
+depends only on the compiled Index and the guide's state, so it is cached:
+
+* ``OutlinesBackend.compile_grammar``: stock compiles (vLLM already keeps
+  the Index in its own LRU keyed by vocabulary hash + regex, so nothing is
+  memoized here); the returned grammar is tagged with a *content*
+  fingerprint of what was compiled (vocabulary hash, vocab size, request
+  type, spec), so every request with the same spec shares one set of rows.
+* ``OutlinesGrammar.fill_bitmask``: a hit copies the cached row into
+  ``bitmask[idx]`` (~1 us); a miss runs stock's ``write_mask_into`` into a
+  fresh row and caches it.  Any fault runs stock's ``fill_bitmask``, which
+  overwrites the whole row, so a half-done copy can never leak out.
+
+A grammar compiled while the cache was off (or by code we do not know)
+carries no fingerprint and is always filled by stock.
+
+vLLM loads this module through the ``vllm.general_plugins`` entry point in
+every process it starts (:func:`plugin`).  The EngineCore usually runs in its
+own process, where ``outlines_maskcache.stats()`` of the caller cannot see;
+set ``OUTLINES_MASKCACHE_STATS_FILE=/path/stats-{pid}.json`` to have each
+process that filled bitmasks write its stats there when it exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import multiprocessing.util
+import os
+from types import ModuleType
+from typing import Any
+
+from outlines_maskcache.fingerprint import digest
+from outlines_maskcache.masking import cached_or_stock
+from outlines_maskcache.patching import Patch
+from outlines_maskcache.runtime import RUNTIME
+
+log = logging.getLogger("outlines_maskcache")
+
+TARGET = "vllm-v1"
+ENV_STATS_FILE = "OUTLINES_MASKCACHE_STATS_FILE"
+#: instance attribute carrying a compiled grammar's fingerprint
+_FINGERPRINT = "_outlines_maskcache_fingerprint"
+#: set on the first bitmask this process fills, so idle processes write no stats
+_filled = False
+_stats_registered = False
+
+
+def grammar_fingerprint(backend: Any, request_type: Any, grammar_spec: str) -> str:
+    """A content name for what ``compile_grammar(request_type, grammar_spec)`` compiled.
+
+    The Index is a deterministic function of (regex, vocabulary), and the
+    regex of (request type, spec), so equal names mean equal masks per state
+    across requests and across vLLM's own Index-cache evictions.
+    """
+    vocabulary = backend.vocabulary
+    vocab_key = getattr(vocabulary, "_hash", None) or RUNTIME.fingerprint(vocabulary)
+    kind = getattr(request_type, "name", str(request_type))
+    return digest(TARGET, vocab_key, int(backend.vocab_size), kind, grammar_spec)
+
+
+def patches(module: ModuleType) -> list[Patch]:
+    import torch
+
+    backend_cls = module.OutlinesBackend
+    grammar_cls = module.OutlinesGrammar
+    stock_compile = backend_cls.__dict__["compile_grammar"]
+    stock_fill = grammar_cls.__dict__["fill_bitmask"]
+
+    def compile_grammar(self: Any, request_type: Any, grammar_spec: str, *args: Any, **kwargs: Any) -> Any:
+        grammar = stock_compile(self, request_type, grammar_spec, *args, **kwargs)
+        if RUNTIME.active():
+            try:
+                setattr(grammar, _FINGERPRINT, grammar_fingerprint(self, request_type, grammar_spec))
+            except Exception as err:  # noqa: BLE001 - an untagged grammar is simply filled by stock
+                RUNTIME.fault("vllm-v1 compile_grammar", err)
+        return grammar
+
+    def fill_bitmask(self: Any, bitmask: Any, idx: int) -> None:
+        fingerprint = getattr(self, _FINGERPRINT, None)
+        if fingerprint is None or not RUNTIME.active():
+            return stock_fill(self, bitmask, idx)
+        global _filled
+        _filled = True
+
+        def cached() -> None:
+            target = bitmask[idx]
+            guide = self.guide
+            n_words = target.numel()
+
+            def build() -> Any:
+                # The very call stock makes, into a row shaped as stock's.
+                row = torch.empty(n_words, dtype=torch.int32)
+                guide.write_mask_into(row.data_ptr(), n_words, row.element_size())
+                return row
+
+            key = (fingerprint, str(target.device), guide.get_state(), n_words, "bitmask-i32")
+            cache = RUNTIME.cache
+            row = cache.get_or_build(key, build, _nbytes, lambda r: r.dtype == torch.int32 and r.numel() == n_words)
+            if RUNTIME.settings.verify:
+                if not torch.equal(row, build()):
+                    cache.discard(key)
+                    raise AssertionError(f"cached bitmask for state {key[2]!r} differs from a fresh build")
+                cache.count("verified")
+            target.copy_(row)
+
+        cached_or_stock("vllm-v1 fill_bitmask", cached, lambda: stock_fill(self, bitmask, idx))
+
+    return [
+        Patch(backend_cls, "compile_grammar", compile_grammar),
+        Patch(grammar_cls, "fill_bitmask", fill_bitmask),
+    ]
+
+
+def _nbytes(row: Any) -> int:
+    return int(row.numel() * row.element_size())
+
+
+def write_stats_file() -> None:
+    """Write this process's stats to ``$OUTLINES_MASKCACHE_STATS_FILE`` (``{pid}`` is expanded)."""
+    template = os.environ.get(ENV_STATS_FILE)
+    if not template or not _filled:
+        return
+    path = template.replace("{pid}", str(os.getpid()))
+    stats = dict(RUNTIME.stats(), pid=os.getpid())
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(stats, fh, default=str)
+    os.replace(tmp, path)
+
+
+def _register_stats_file() -> None:
+    global _stats_registered
+    if _stats_registered or not os.environ.get(ENV_STATS_FILE):
+        return
+    _stats_registered = True
+    # atexit covers the main process and spawned children; multiprocessing
+    # children leave through os._exit (fork) after running its finalizers,
+    # which is where vLLM's EngineCore ends.  Writing twice is harmless.
+    atexit.register(write_stats_file)
+    multiprocessing.util.Finalize(None, write_stats_file, exitpriority=100)
+
+
+def plugin() -> None:
+    """vLLM's ``vllm.general_plugins`` entry point: patch the outlines backend of this process.
+
+    Fails soft: vLLM must start even when its layout is one we do not know,
+    so every problem is a log message and vLLM runs stock.
+    """
+    from outlines_maskcache.config import enabled_from_env
+
+    if not enabled_from_env():
+        log.info("outlines_maskcache: OUTLINES_MASKCACHE is off; vLLM runs stock structured outputs")
+        return
+    try:
+        from outlines_maskcache.patching import install
+
+        installed = install(targets=[TARGET])
+    except Exception as err:  # noqa: BLE001 - an unknown layout must not stop vLLM
+        log.warning("outlines_maskcache: not patching vLLM (%s: %s); structured outputs run stock", type(err).__name__, err)
+        return
+    if TARGET in installed:
+        _register_stats_file()
+        log.info("outlines_maskcache: vLLM V1 outlines backend patched in pid %d", os.getpid())
