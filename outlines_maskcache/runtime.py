@@ -78,7 +78,10 @@ class Runtime:
         return snap
 
     def reset_stats(self) -> None:
+        """Start a new observation window: counters to zero, and faults are logged again once."""
         self.cache.reset_counters()
+        with self._log_lock:
+            self._logged.clear()
         for memo in (self.grammar_memo, self.vocabulary_memo):
             memo.hits = memo.misses = 0
 

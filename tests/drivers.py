@@ -9,7 +9,7 @@ import torch
 
 import outlines_maskcache as mc
 
-INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
 def bits(x):
