@@ -66,6 +66,24 @@ class MaskCache:
             self.counters.hits += 1
             return entry[0]
 
+    def get_many(self, keys: list[Key]) -> list[Any | None]:
+        """One lock round-trip for a whole batch's lookups (the warm path).
+
+        Hits are not counted here: the caller validates what it got first
+        and reports with ``count("hits", n)``.
+        """
+        found: list[Any | None] = []
+        with self._lock:
+            entries = self._entries
+            for key in keys:
+                entry = entries.get(key)
+                if entry is None:
+                    found.append(None)
+                    continue
+                entries.move_to_end(key)
+                found.append(entry[0])
+        return found
+
     def get_or_build(
         self,
         key: Key,

@@ -41,26 +41,32 @@ def mask_logits(
     device, dtype, form = kernel.placement(logits, settings.form)
     width = int(logits.shape[1])
     cache = runtime.cache
-    rows: list[Any] = []
-    by_state: dict[Hashable, Any] = {}
+    first_row: dict[Hashable, int] = {}
     for i, state in enumerate(states):
-        row = by_state.get(state)
-        if row is None:
-            key = (fingerprint, device, state, width, dtype, form)
-            row = cache.get_or_build(
-                key,
-                lambda i=i: kernel.row(allowed_of(i), form, logits),
-                kernel.nbytes,
-                lambda r: kernel.valid(r, form, logits),
-            )
-            if settings.verify:
-                fresh = kernel.row(allowed_of(i), form, logits)
-                if not kernel.equal(row, fresh):
-                    cache.discard(key)
-                    raise AssertionError(f"cached mask for state {state!r} differs from a fresh build")
-                cache.count("verified")
-            by_state[state] = row
-        rows.append(row)
+        first_row.setdefault(state, i)
+    keys = [(fingerprint, device, state, width, dtype, form) for state in first_row]
+    found = cache.get_many(keys)
+    by_state: dict[Hashable, Any] = {}
+    hits = 0
+    for key, row in zip(keys, found):
+        state = key[2]
+        i = first_row[state]
+        if row is not None and kernel.valid(row, form, logits):
+            hits += 1
+        else:
+            if row is not None:
+                cache.discard(key)
+            row = cache.get_or_build(key, lambda i=i: kernel.row(allowed_of(i), form, logits), kernel.nbytes)
+        if settings.verify:
+            fresh = kernel.row(allowed_of(i), form, logits)
+            if not kernel.equal(row, fresh):
+                cache.discard(key)
+                raise AssertionError(f"cached mask for state {state!r} differs from a fresh build")
+            cache.count("verified")
+        by_state[state] = row
+    if hits:
+        cache.count("hits", hits)
+    rows = [by_state[state] for state in states]
     return kernel.apply(logits, rows, form, settings.nan_guard)
 
 

