@@ -21,6 +21,7 @@ def _stock_attributes():
 
     return {
         "process_logits": OutlinesCoreLogitsProcessor.__dict__["process_logits"],
+        "init": OutlinesCoreBackend.__dict__["__init__"],
         "vocab": OutlinesCoreBackend.__dict__["create_outlines_core_vocabulary"],
         "regex": OutlinesCoreBackend.__dict__["get_regex_logits_processor"],
     }
@@ -33,7 +34,8 @@ def test_uninstall_restores_exact_originals_and_install_is_idempotent():
     assert isinstance(stock["vocab"], staticmethod)
     assert mc.install() == mc.install() == ["outlines-core-backend"]
     patched = _stock_attributes()
-    assert all(patched[k] is not stock[k] for k in stock)
+    assert all(patched[k] is not stock[k] for k in ("process_logits", "init", "regex"))
+    assert patched["vocab"] is stock["vocab"]
     mc.uninstall()
     mc.uninstall()  # twice is harmless
     assert _stock_attributes() == stock and not mc.is_installed()

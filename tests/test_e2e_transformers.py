@@ -103,3 +103,24 @@ def test_long_generation_matches_and_parses_when_complete(model):
     assert cached.startswith("{")
     if cached.rstrip().endswith("}"):
         User.model_validate_json(cached)
+
+
+def test_tokenizer_changed_in_place_is_not_served_a_stale_vocabulary():
+    """Adding a token to the tokenizer must rebuild the backend's vocabulary, not reuse the memo."""
+    import outlines
+    from outlines.backends.outlines_core import OutlinesCoreBackend
+
+    gpt2_tokenizer.cache_clear()  # a private tokenizer: the shared one must not change
+    tok = gpt2_tokenizer()
+    model = outlines.from_transformers(tiny_model(tok), tok)
+    first = OutlinesCoreBackend(model)
+    assert OutlinesCoreBackend(model).vocabulary is first.vocabulary  # memo hit
+    tok.add_tokens(["<maskcache-test-token>"])
+    second = OutlinesCoreBackend(model)
+    assert second.vocabulary is not first.vocabulary
+    with mc.disabled():
+        stock = OutlinesCoreBackend(model)
+    new_id = tok.convert_tokens_to_ids("<maskcache-test-token>")
+    assert first.vocabulary.get("<maskcache-test-token>") is None
+    assert second.vocabulary.get("<maskcache-test-token>") == stock.vocabulary.get("<maskcache-test-token>") == [new_id]
+    gpt2_tokenizer.cache_clear()

@@ -6,10 +6,11 @@ Patched:
   stock (same ``is_finished()/accepts_tokens`` rule, read from one
   ``input_ids[:, -1].tolist()`` instead of a scalar read per row); masks come
   from the cache; any fault runs stock's ``bias_logits`` for the step.
-* ``OutlinesCoreBackend.create_outlines_core_vocabulary`` and
-  ``get_regex_logits_processor``: memoized, because outlines rebuilds the
-  Vocabulary and the Index on every ``model(prompt, output_type)`` call, which
-  would both cost 0.3-1.2 s and leave the mask cache cold.
+* ``OutlinesCoreBackend.__init__`` and ``get_regex_logits_processor``:
+  memoized, because outlines builds a new backend (``get_vocab()`` + the
+  Vocabulary conversion) and a new Index on every ``model(prompt,
+  output_type)`` call, which would both cost 0.3-1.2 s and leave the mask
+  cache cold.
 
 Guide state stays in stock's attributes (``_guides``, ``is_first_token``),
 so switching ``disabled()`` on or off mid-generation is consistent.
@@ -22,30 +23,29 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines_maskcache.fingerprint import digest, vocabulary_hash
+from outlines_maskcache.fingerprint import digest
 from outlines_maskcache.kernels import allowed_from_words
 from outlines_maskcache.masking import cached_or_stock, mask_logits
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.runtime import RUNTIME
 
 
-def callable_identity(fn: Callable[..., Any]) -> tuple[Any, ...]:
-    """A key for what *fn* computes, stable across re-creations of the same closure.
+def _tokenizer_stamp(tokenizer: Any) -> Any:
+    """A cheap stamp that changes when tokens are added to a tokenizer in place.
 
-    outlines passes ``tokenizer.convert_token_to_string`` (a new bound method
-    on every access) or, for mlx-lm, a fresh lambda closing over the
-    tokenizer.  Both are named by their code plus the identities of what they
-    close over, each held by the grammar registry so ids are not recycled.
+    Not ``len(hf_tokenizer)``: that walks the whole vocabulary (~110 ms at 128k).
     """
-    owner = getattr(fn, "__self__", None)
-    func = getattr(fn, "__func__", None)
-    if owner is not None and func is not None:
-        return ("method", RUNTIME.fingerprint(owner), func)
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        cells = tuple(RUNTIME.fingerprint(c.cell_contents) for c in (fn.__closure__ or ()))
-        return ("function", code, cells)
-    return ("object", RUNTIME.fingerprint(fn))
+    inner = getattr(tokenizer, "tokenizer", tokenizer)
+    base, added = getattr(inner, "vocab_size", None), getattr(inner, "added_tokens_decoder", None)
+    if base is not None and added is not None:
+        return base, len(added)
+    vocabulary = getattr(tokenizer, "vocabulary", None)
+    if vocabulary is not None:
+        return len(vocabulary)
+    try:
+        return len(inner)
+    except TypeError:
+        return None
 
 
 def _allowed_writer(guides: list[Any], width: int) -> Callable[[int], np.ndarray]:
@@ -63,9 +63,8 @@ def patches(module: ModuleType) -> list[Patch]:
     backend_cls = module.OutlinesCoreBackend
     index_cls = module.Index
     stock_process = processor_cls.__dict__["process_logits"]
-    stock_vocab = backend_cls.__dict__["create_outlines_core_vocabulary"]
+    stock_init = backend_cls.__dict__["__init__"]
     stock_regex = backend_cls.__dict__["get_regex_logits_processor"]
-    build_vocab = stock_vocab.__func__
 
     def process_logits(self: Any, input_ids: Any, logits: Any) -> Any:
         if not RUNTIME.active():
@@ -95,17 +94,24 @@ def patches(module: ModuleType) -> list[Patch]:
 
         return cached_or_stock("outlines_core mask", cached, lambda: self.bias_logits(batch_size, logits))
 
-    def create_outlines_core_vocabulary(vocab: dict, eos_token_id: int, eos_token: str, token_to_str: Callable) -> Any:
+    def __init__(self: Any, model: Any) -> None:
         if not RUNTIME.active():
-            return build_vocab(vocab, eos_token_id, eos_token, token_to_str)
-        key = ("vocabulary", callable_identity(token_to_str), eos_token_id, eos_token, len(vocab), vocabulary_hash(vocab))
+            return stock_init(self, model)
+        # What stock derives from the model (vocabulary, eos id, tensor
+        # library) depends on its tokenizer only; the key names that
+        # tokenizer by identity plus a size stamp, so the 0.1-1 s of
+        # get_vocab() + conversion is paid once per tokenizer.
+        tokenizer = getattr(model, "mlx_tokenizer", None) or model.tokenizer
+        key = ("backend", type(model), RUNTIME.fingerprint(tokenizer), _tokenizer_stamp(tokenizer),
+               getattr(tokenizer, "eos_token_id", None), model.tensor_library_name)
 
-        def build() -> Any:
-            vocabulary = build_vocab(vocab, eos_token_id, eos_token, token_to_str)
-            RUNTIME.grammars.register(vocabulary, digest(key))
-            return vocabulary
+        def build() -> dict[str, Any]:
+            probe = object.__new__(backend_cls)
+            stock_init(probe, model)
+            RUNTIME.grammars.register(probe.vocabulary, digest(*key))
+            return dict(probe.__dict__)
 
-        return RUNTIME.vocabulary_memo.get_or_build(key, build)
+        self.__dict__.update(RUNTIME.vocabulary_memo.get_or_build(key, build))
 
     def get_regex_logits_processor(self: Any, regex: str) -> Any:
         if not RUNTIME.active():
@@ -123,6 +129,6 @@ def patches(module: ModuleType) -> list[Patch]:
 
     return [
         Patch(processor_cls, "process_logits", process_logits),
-        Patch(backend_cls, "create_outlines_core_vocabulary", staticmethod(create_outlines_core_vocabulary)),
+        Patch(backend_cls, "__init__", __init__),
         Patch(backend_cls, "get_regex_logits_processor", get_regex_logits_processor),
     ]

@@ -14,6 +14,7 @@ depends only on the compiled Index and the guide's state, so it is cached:
   ``bitmask[idx]`` (~1 us); a miss runs stock's ``write_mask_into`` into a
   fresh row and caches it.  Any fault runs stock's ``fill_bitmask``, which
   overwrites the whole row, so a half-done copy can never leak out.
+* ``OutlinesBackend.destroy``: writes the stats file (below), then stock.
 
 A grammar compiled while the cache was off (or by code we do not know)
 carries no fingerprint and is always filled by stock.
@@ -22,7 +23,10 @@ vLLM loads this module through the ``vllm.general_plugins`` entry point in
 every process it starts (:func:`plugin`).  The EngineCore usually runs in its
 own process, where ``outlines_maskcache.stats()`` of the caller cannot see;
 set ``OUTLINES_MASKCACHE_STATS_FILE=/path/stats-{pid}.json`` to have each
-process that filled bitmasks write its stats there when it exits.
+process that filled bitmasks write its stats there when vLLM destroys the
+backend (the first step of EngineCore shutdown, after the last fill: exit
+hooks are no use there, as vLLM force-kills an EngineCore that takes more
+than a few seconds to stop) and again at interpreter exit.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import multiprocessing.util
 import os
 from types import ModuleType
 from typing import Any
@@ -71,6 +74,7 @@ def patches(module: ModuleType) -> list[Patch]:
     grammar_cls = module.OutlinesGrammar
     stock_compile = backend_cls.__dict__["compile_grammar"]
     stock_fill = grammar_cls.__dict__["fill_bitmask"]
+    stock_destroy = backend_cls.__dict__["destroy"]
 
     def compile_grammar(self: Any, request_type: Any, grammar_spec: str, *args: Any, **kwargs: Any) -> Any:
         grammar = stock_compile(self, request_type, grammar_spec, *args, **kwargs)
@@ -111,9 +115,17 @@ def patches(module: ModuleType) -> list[Patch]:
 
         cached_or_stock("vllm-v1 fill_bitmask", cached, lambda: stock_fill(self, bitmask, idx))
 
+    def destroy(self: Any) -> Any:
+        try:
+            write_stats_file()
+        except OSError as err:
+            log.warning("outlines_maskcache: cannot write %s (%s)", ENV_STATS_FILE, err)
+        return stock_destroy(self)
+
     return [
         Patch(backend_cls, "compile_grammar", compile_grammar),
         Patch(grammar_cls, "fill_bitmask", fill_bitmask),
+        Patch(backend_cls, "destroy", destroy),
     ]
 
 
@@ -139,11 +151,9 @@ def _register_stats_file() -> None:
     if _stats_registered or not os.environ.get(ENV_STATS_FILE):
         return
     _stats_registered = True
-    # atexit covers the main process and spawned children; multiprocessing
-    # children leave through os._exit (fork) after running its finalizers,
-    # which is where vLLM's EngineCore ends.  Writing twice is harmless.
+    # For in-process engines that exit without destroying the backend;
+    # writing twice is harmless (the newest counts win).
     atexit.register(write_stats_file)
-    multiprocessing.util.Finalize(None, write_stats_file, exitpriority=100)
 
 
 def plugin() -> None:
