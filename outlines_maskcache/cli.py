@@ -60,7 +60,8 @@ def print_micro(cases: list) -> None:
         table.add_column(h, justify="right")
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    # Off a terminal (CI logs, pipes) rich would squeeze the table to 80 columns.
+    Console(width=None if sys.stdout.isatty() else 220).print(table)
 
 
 def plot_micro(cases: list, path: Path) -> None:
