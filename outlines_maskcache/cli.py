@@ -146,9 +146,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     print(f"outlines-maskcache {mc.__version__}; installed: {mc.installed_targets() or 'nothing'}")
     for target in TARGETS:
-        version = target.installed_version()
-        state = "absent" if version is None else ("supported" if target.supports(version) else "UNSUPPORTED")
-        print(f"  {target.name:24} {target.distributions[0]} {version or '-'} ({target.supported}): {state}")
+        found = target.installed()
+        dist, version = found if found else (target.distributions[0], None)
+        if version is None:
+            state = "absent"
+        elif target.supports(version):
+            state = "supported"
+        elif any(t.supports(version) for t in TARGETS if t.distributions == target.distributions):
+            state = "another target covers this version"
+        else:
+            state = "UNSUPPORTED version: outlines runs stock"
+        active = " (patched)" if target.name in mc.installed_targets() else ""
+        print(f"  {target.name:24} {dist} {version or '-'} ({target.supported}): {state}{active}")
     print(json.dumps(mc.stats(), indent=2))
     return 0
 

@@ -58,16 +58,25 @@ def mask_logits(
                 cache.discard(key)
             row = cache.get_or_build(key, lambda i=i: kernel.row(allowed_of(i), form, logits), kernel.nbytes)
         if settings.verify:
-            fresh = kernel.row(allowed_of(i), form, logits)
-            if not kernel.equal(row, fresh):
-                cache.discard(key)
-                raise AssertionError(f"cached mask for state {state!r} differs from a fresh build")
-            cache.count("verified")
+            verify_served(key, row, kernel.row(allowed_of(i), form, logits), kernel.equal)
         by_state[state] = row
     if hits:
         cache.count("hits", hits)
     rows = [by_state[state] for state in states]
     return kernel.apply(logits, rows, form, settings.nan_guard)
+
+
+def verify_served(key: tuple, served: Any, fresh: Any, equal: Callable[[Any, Any], bool]) -> None:
+    """``verify=True``: a served mask must equal a fresh build.
+
+    A mismatch drops the entry and raises, so ``cached_or_stock`` runs stock
+    for the step: a corrupted row is never applied.
+    """
+    cache = RUNTIME.cache
+    if not equal(served, fresh):
+        cache.discard(key)
+        raise AssertionError(f"cached mask for state {key[2]!r} differs from a fresh build")
+    cache.count("verified")
 
 
 def cached_or_stock(where: str, cached: Callable[[], T], stock: Callable[[], T]) -> T:

@@ -65,17 +65,22 @@ class Target:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_spec", SpecifierSet(self.supported))
 
-    def installed_version(self) -> Version | None:
+    def installed(self) -> tuple[str, Version | None] | None:
+        """(distribution, version) of the first of ours that is installed; version None if unreadable."""
         for dist in self.distributions:
             try:
                 raw = importlib.metadata.version(dist)
             except importlib.metadata.PackageNotFoundError:
                 continue
             try:
-                return Version(raw)
+                return dist, Version(raw)
             except InvalidVersion:
-                return None
+                return dist, None
         return None
+
+    def installed_version(self) -> Version | None:
+        found = self.installed()
+        return found[1] if found else None
 
     def supports(self, version: Version) -> bool:
         # Local labels (+cpu) and dev builds of a supported release count.

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from outlines_maskcache.fingerprint import digest
-from outlines_maskcache.masking import cached_or_stock
+from outlines_maskcache.masking import cached_or_stock, verify_served
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.runtime import RUNTIME
 
@@ -112,10 +112,7 @@ def patches(module: ModuleType) -> list[Patch]:
             cache = RUNTIME.cache
             row = cache.get_or_build(key, build, _nbytes)
             if RUNTIME.settings.verify:
-                if not np.array_equal(row, build()):
-                    cache.discard(key)
-                    raise AssertionError(f"cached bitmask for state {key[2]!r} differs from a fresh build")
-                cache.count("verified")
+                verify_served(key, row, build(), np.array_equal)
             view[idx] = row
 
         cached_or_stock("vllm-v1 fill_bitmask", cached, lambda: stock_fill(self, bitmask, idx))
