@@ -7,7 +7,7 @@ import threading
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from outlines_maskcache.cache import MaskCache
 from outlines_maskcache.config import ConfigError, Settings, enabled_from_env, parse_size, settings_from_env

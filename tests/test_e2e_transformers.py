@@ -63,7 +63,6 @@ def test_pydantic_greedy_and_sampled(model):
 
 
 def test_regex_batch_rows_in_different_states(model):
-    import outlines
     from outlines.types import Regex
 
     prompts = ["one", "two two", "three three three", "4"]

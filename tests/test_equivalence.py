@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import outlines_maskcache as mc

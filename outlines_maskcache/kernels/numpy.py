@@ -9,7 +9,7 @@ caller who writes into one gets an error instead of a corrupted cache.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 

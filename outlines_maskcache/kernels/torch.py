@@ -23,7 +23,7 @@ launch cost to amortise.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 import torch
