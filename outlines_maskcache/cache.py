@@ -58,21 +58,16 @@ class MaskCache:
 
     # -- lookups -------------------------------------------------------
     def get(self, key: Key) -> Any | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            self.counters.hits += 1
-            return entry[0]
+        return self.get_many([key])[0]
 
     def get_many(self, keys: list[Key]) -> list[Any | None]:
         """One lock round-trip for a whole batch's lookups (the warm path).
 
-        Hits are not counted here: the caller validates what it got first
-        and reports with ``count("hits", n)``.
+        Every entry found counts as a hit and becomes most recently used; a
+        caller that then finds one unfit to serve hands it to :meth:`reject`.
         """
         found: list[Any | None] = []
+        hits = 0
         with self._lock:
             entries = self._entries
             for key in keys:
@@ -82,33 +77,34 @@ class MaskCache:
                     continue
                 entries.move_to_end(key)
                 found.append(entry[0])
+                hits += 1
+            self.counters.hits += hits
         return found
 
-    def get_or_build(
-        self,
-        key: Key,
-        build: Callable[[], Any],
-        nbytes: Callable[[Any], int],
-        valid: Callable[[Any], bool] | None = None,
-    ) -> Any:
-        """Return the cached value for *key*, building and storing it on a miss.
+    def put(self, key: Key, value: Any, size: int) -> Any:
+        """Store a freshly built *value* (a miss); return what the cache now serves for *key*.
 
-        *valid* lets the caller reject an entry that no longer fits its use
-        (wrong device, shape or dtype); the entry is dropped, counted and
-        rebuilt rather than served.
+        That is the value already stored if another thread built it first,
+        so all users of one key share one object.
         """
-        value = self.get(key)
-        if value is not None:
-            if valid is None or valid(value):
-                return value
-            with self._lock:
-                self.counters.hits -= 1
-                self.counters.invalid += 1
-                self._remove(key)
-        value = build()
         with self._lock:
             self.counters.misses += 1
-            return self._insert(key, value, nbytes(value))
+            return self._insert(key, value, size)
+
+    def get_or_build(self, key: Key, build: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
+        """The cached value for *key*, building and storing it on a miss (outside the lock)."""
+        value = self.get(key)
+        if value is not None:
+            return value
+        value = build()
+        return self.put(key, value, nbytes(value))
+
+    def reject(self, key: Key) -> None:
+        """Drop an entry its user found unfit to serve (counted ``invalid``, no longer a hit)."""
+        with self._lock:
+            self.counters.hits -= 1
+            self.counters.invalid += 1
+            self._remove(key)
 
     def _insert(self, key: Key, value: Any, size: int) -> Any:
         existing = self._entries.get(key)
@@ -149,13 +145,6 @@ class MaskCache:
         with self._lock:
             for key in [k for k in self._entries if k[0] in gone]:
                 self._remove(key)
-
-    def discard(self, key: Key) -> None:
-        """Remove one entry found wrong by its user."""
-        with self._lock:
-            if key in self._entries:
-                self._remove(key)
-                self.counters.invalid += 1
 
     def drop_devices(self, doomed: Callable[[Hashable], bool]) -> None:
         with self._lock:

@@ -64,6 +64,10 @@ class Registry:
         self._capacity = capacity
         self._on_forget = on_forget
         self._tokens = itertools.count()
+        #: bumped whenever a grammar is forgotten, so a holder of a fingerprint
+        #: (a processor's Masker) knows when to ask :meth:`of` again instead
+        #: of asking (and taking this lock) on every decoding step
+        self.generation = 0
 
     def set_capacity(self, capacity: int) -> None:
         with self._lock:
@@ -95,6 +99,8 @@ class Registry:
         while len(self._by_id) > self._capacity:
             _, (_, fingerprint) = self._by_id.popitem(last=False)
             forgotten.append(fingerprint)
+        if forgotten:
+            self.generation += 1
         return forgotten
 
     def _forget(self, fingerprints: list[Fingerprint]) -> None:
@@ -111,6 +117,7 @@ class Registry:
         with self._lock:
             forgotten = [fp for _, fp in self._by_id.values()]
             self._by_id.clear()
+            self.generation += 1
         self._forget(forgotten)
 
 

@@ -2,7 +2,13 @@
 
 An adapter knows how to read each row's FSM state and how to write the stock
 allowed-token vector for a row; this module does the rest (cache keys,
-lookups, verification, application) so no adapter repeats it.
+lookups, validation, verification, application) so no adapter repeats it.
+
+A :class:`Masker` lives on one logits processor for its whole life.  It keeps
+what is the same from one decoding step to the next (the kernel and the
+key's placement for the logits' device, dtype and width; which rows it
+already validated; the kernel's scratch buffers), so a warm step costs one
+lock round-trip, a dict lookup per distinct state and the tensor work.
 """
 
 from __future__ import annotations
@@ -16,65 +22,112 @@ from outlines_maskcache.runtime import RUNTIME
 
 T = TypeVar("T")
 
+#: attribute under which a processor carries its :class:`Masker`
+ATTRIBUTE = "_outlines_maskcache"
 
-def mask_logits(
-    grammar: Any,
-    states: Sequence[Hashable],
-    logits: Any,
-    allowed_of: Callable[[int], np.ndarray],
-    kernel: Kernel | None = None,
-) -> Any:
-    """Mask row ``i`` of *logits* (B, V) with the cached row for ``states[i]``.
 
-    *allowed_of(i)* must return stock's allowed-token vector (bool, length V)
-    for row ``i`` in its current state; it is only called on a miss (or, with
-    ``verify=True``, to check a hit).
+class Masker:
+    """Masks one processor's logits, step after step, with cached per-state rows.
+
+    Rows validated on an earlier step are recognised by identity: the cache
+    hands out the object it stores, so ``found is known`` proves the row was
+    checked against this placement before.  Only the rows of the latest step
+    are remembered, so a masker never keeps more than one row per batch row
+    alive past the cache's own eviction.
     """
-    runtime = RUNTIME
-    settings = runtime.settings
-    kernel = kernel or kernel_for(logits)
-    if kernel is None:
-        raise TypeError(f"no mask kernel for logits of type {type(logits).__name__}")
-    if len(logits.shape) != 2 or logits.shape[0] != len(states):
-        raise ValueError(f"logits of shape {tuple(logits.shape)} do not match {len(states)} states")
-    fingerprint = runtime.fingerprint(grammar)
-    device, dtype, form = kernel.placement(logits, settings.form)
-    width = int(logits.shape[1])
-    cache = runtime.cache
-    first_row: dict[Hashable, int] = {}
-    for i, state in enumerate(states):
-        first_row.setdefault(state, i)
-    keys = [(fingerprint, device, state, width, dtype, form) for state in first_row]
-    found = cache.get_many(keys)
-    by_state: dict[Hashable, Any] = {}
-    hits = 0
-    for key, row in zip(keys, found):
-        state = key[2]
-        i = first_row[state]
-        if row is not None and kernel.valid(row, form, logits):
-            hits += 1
-        else:
-            if row is not None:
-                cache.discard(key)
-            row = cache.get_or_build(key, lambda i=i: kernel.row(allowed_of(i), form, logits), kernel.nbytes)
-        if settings.verify:
-            verify_served(key, row, kernel.row(allowed_of(i), form, logits), kernel.equal)
-        by_state[state] = row
-    if hits:
-        cache.count("hits", hits)
-    rows = [by_state[state] for state in states]
-    return kernel.apply(logits, rows, form, settings.nan_guard)
+
+    __slots__ = ("grammar", "_signature", "_kernel", "_placement", "_fingerprint", "_known", "_scratch")
+
+    def __init__(self, grammar: Any) -> None:
+        self.grammar = grammar
+        self._signature: tuple | None = None
+        self._kernel: Kernel | None = None
+        self._placement: tuple[Hashable, Hashable, str] = ("", "", "")
+        #: (registry generation, fingerprint) last read for ``grammar``
+        self._fingerprint: tuple[int, Any] = (-1, None)
+        self._known: dict[Hashable, Any] = {}
+        #: per-processor buffers a kernel may keep between steps (CPU slate)
+        self._scratch: dict[str, Any] = {}
+
+    def __call__(self, states: Sequence[Hashable], logits: Any, allowed_of: Callable[[int], np.ndarray],
+                 kernel: Kernel | None = None) -> Any:
+        """Mask row ``i`` of *logits* (B, V) with the cached row for ``states[i]``.
+
+        *allowed_of(i)* must return stock's allowed-token vector (bool, length
+        V) for row ``i`` in its current state; it runs only on a miss (or,
+        with ``verify=True``, to check every served row).
+        """
+        runtime = RUNTIME
+        settings = runtime.settings
+        shape = logits.shape
+        if len(shape) != 2 or shape[0] != len(states):
+            raise ValueError(f"logits of shape {tuple(shape)} do not match {len(states)} states")
+        width = shape[1]
+        signature = (logits.dtype, getattr(logits, "device", None), width, settings.form, kernel)
+        if signature != self._signature:
+            self._bind(signature, logits, settings.form, kernel)
+        kernel = self._kernel
+        assert kernel is not None
+        device, dtype, form = self._placement
+        generation, fingerprint = self._fingerprint
+        if generation != runtime.grammars.generation:
+            # Only when some grammar was forgotten: ours may have been, and
+            # asking again also marks it as in use.
+            generation = runtime.grammars.generation
+            fingerprint = runtime.fingerprint(self.grammar)
+            self._fingerprint = (generation, fingerprint)
+        cache = runtime.cache
+        distinct = list(dict.fromkeys(states)) if len(states) > 1 else states
+        keys = [(fingerprint, device, state, width, dtype, form) for state in distinct]
+        found = cache.get_many(keys)
+        known = self._known
+        verify = settings.verify
+        served: dict[Hashable, Any] = {}
+        for state, key, row in zip(distinct, keys, found):
+            if row is not None and (verify or row is not known.get(state)) and not kernel.valid(row, form, logits):
+                cache.reject(key)
+                row = None
+            if row is None:
+                fresh = kernel.row(allowed_of(states.index(state)), form, logits)
+                row = cache.put(key, fresh, kernel.nbytes(fresh))
+            elif verify:
+                verify_served(key, row, kernel.row(allowed_of(states.index(state)), form, logits), kernel.equal)
+            served[state] = row
+        self._known = served
+        rows = [served[state] for state in states]
+        # Verification checks the rows themselves, so apply those and no copy of them.
+        return kernel.apply(logits, rows, form, settings.nan_guard, None if verify else self._scratch)
+
+    def _bind(self, signature: tuple, logits: Any, form: str, kernel: Kernel | None) -> None:
+        """Placement for a new kind of logits: computed once, not every step."""
+        kernel = kernel or kernel_for(logits)
+        if kernel is None:
+            raise TypeError(f"no mask kernel for logits of type {type(logits).__name__}")
+        self._kernel = kernel
+        self._placement = kernel.placement(logits, form)
+        self._known = {}
+        self._scratch = {}
+        self._signature = signature
+
+
+def masker_of(processor: Any, grammar: Any) -> Masker:
+    """The processor's masker, made on first use or when its grammar object changed."""
+    masker = processor.__dict__.get(ATTRIBUTE)
+    if masker is None or masker.grammar is not grammar:
+        masker = Masker(grammar)
+        setattr(processor, ATTRIBUTE, masker)
+    return masker
 
 
 def verify_served(key: tuple, served: Any, fresh: Any, equal: Callable[[Any, Any], bool]) -> None:
     """``verify=True``: a served mask must equal a fresh build.
 
-    A mismatch drops the entry and raises, so ``cached_or_stock`` runs stock
-    for the step: a corrupted row is never applied.
+    A mismatch drops the entry and raises, so the adapter runs stock for the
+    step: a corrupted row is never applied.
     """
     cache = RUNTIME.cache
     if not equal(served, fresh):
-        cache.discard(key)
+        cache.reject(key)
         raise AssertionError(f"cached mask for state {key[2]!r} differs from a fresh build")
     cache.count("verified")
 

@@ -20,6 +20,8 @@ def _stock_attributes():
 
     return {
         "process_logits": OutlinesCoreLogitsProcessor.__dict__["process_logits"],
+        # inherited from OutlinesLogitsProcessor in stock: must be absent again after uninstall
+        "call": OutlinesCoreLogitsProcessor.__dict__.get("__call__"),
         "init": OutlinesCoreBackend.__dict__["__init__"],
         "vocab": OutlinesCoreBackend.__dict__["create_outlines_core_vocabulary"],
         "regex": OutlinesCoreBackend.__dict__["get_regex_logits_processor"],
@@ -33,6 +35,7 @@ def test_uninstall_restores_exact_originals_and_install_is_idempotent():
     assert isinstance(stock["vocab"], staticmethod)
     assert mc.install() == mc.install() == ["outlines-core-backend"]
     patched = _stock_attributes()
+    assert stock["call"] is None and patched["call"] is not None
     assert all(patched[k] is not stock[k] for k in ("process_logits", "init", "regex"))
     assert patched["vocab"] is stock["vocab"]
     mc.uninstall()

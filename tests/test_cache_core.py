@@ -45,11 +45,23 @@ def test_oversized_value_is_served_but_not_stored():
     assert len(cache) == 0 and cache.counters.bypasses == 1
 
 
-def test_invalid_entry_is_rebuilt_not_served():
+def test_rejected_entry_is_dropped_and_counted_not_served():
     cache = MaskCache(max_bytes=100)
     cache.get_or_build(("g", "cpu", 1), lambda: b"old", size)
-    value = cache.get_or_build(("g", "cpu", 1), lambda: b"new", size, valid=lambda v: v == b"new")
-    assert value == b"new" and cache.counters.invalid == 1 and cache.counters.misses == 2 and cache.counters.hits == 0
+    assert cache.get_many([("g", "cpu", 1), ("g", "cpu", 2)]) == [b"old", None]
+    cache.reject(("g", "cpu", 1))
+    assert cache.get(("g", "cpu", 1)) is None and len(cache) == 0 and cache.snapshot()["bytes"] == 0
+    assert cache.put(("g", "cpu", 1), b"new", 3) == b"new"
+    c = cache.counters
+    assert (c.hits, c.invalid, c.misses) == (0, 1, 2)
+
+
+def test_put_keeps_the_first_value_a_racing_builder_stored():
+    cache = MaskCache(max_bytes=100)
+    first = bytearray(b"one")
+    assert cache.put(("g", "cpu", 1), first, 3) is first
+    assert cache.put(("g", "cpu", 1), bytearray(b"one"), 3) is first
+    assert len(cache) == 1 and cache.counters.misses == 2
 
 
 def test_shrinking_the_budget_evicts_now():

@@ -106,12 +106,15 @@ FAULTS = {
 def test_faults_fall_back_to_stock_and_are_counted_and_logged_once(fault, monkeypatch, caplog):
     where, error, after = FAULTS[fault]
     mc.clear()
-    walk(index(), EOS, np.random.default_rng(1), batch=2, steps=3, width=WIDTH)  # warm some entries first
+    shared = index()
+    # Warm entries of this grammar first: the new processors below find them
+    # cached but have never validated them, so every kind of step runs.
+    walk(shared, EOS, np.random.default_rng(1), batch=2, steps=3, width=WIDTH)
     _inject(monkeypatch, where, error, after)
     mc.reset_stats()
     before = mc.stats()["fallbacks"]
     with caplog.at_level(logging.WARNING, logger="outlines_maskcache"):
-        walk(index(), EOS, np.random.default_rng(2), batch=4, steps=12, width=WIDTH)
+        walk(shared, EOS, np.random.default_rng(2), batch=4, steps=12, width=WIDTH)
     fallbacks = mc.stats()["fallbacks"] - before
     assert fallbacks > 0
     messages = [r for r in caplog.records if r.name == "outlines_maskcache"]
@@ -121,16 +124,40 @@ def test_faults_fall_back_to_stock_and_are_counted_and_logged_once(fault, monkey
 
 def test_a_half_applied_batch_is_repaired_by_stock(monkeypatch):
     """The apply step fails after masking some rows: stock re-masks and the result is stock's."""
-    real_foreach = torch._foreach_minimum_
+    real_minimum = torch.minimum
 
-    def half_then_fail(views, rows):
-        half = max(1, len(views) // 2)
-        real_foreach(views[:half], rows[:half])
+    def half_then_fail(logits, other, *, out=None):
+        if out is None or logits.dim() != 2 or logits.shape[0] < 2:
+            return real_minimum(logits, other, out=out)
+        half = logits.shape[0] // 2
+        real_minimum(logits[:half], other[:half] if other.dim() == 2 else other, out=out[:half])
         raise RuntimeError("simulated failure mid-batch")
 
-    monkeypatch.setattr(torch, "_foreach_minimum_", half_then_fail)
+    monkeypatch.setattr(torch, "minimum", half_then_fail)
     walk(index(), EOS, np.random.default_rng(3), batch=6, steps=10, width=WIDTH)
     assert mc.stats()["fallbacks"] > 0
+
+
+def test_a_slate_refresh_that_fails_half_way_is_redone_not_trusted(monkeypatch):
+    """Mixed-state CPU batches keep a per-processor slate of rows; a copy into it that
+    fails part way must not leave a row marked as holding a mask it does not hold."""
+    real_copy = torch._foreach_copy_
+    calls = {"n": 0}
+
+    def flaky(dst, src):
+        calls["n"] += 1
+        if calls["n"] % 2 == 0:
+            real_copy(dst[1:], src[1:])
+            dst[0].fill_(float("inf"))  # a half-written row: every token "allowed"
+            raise RuntimeError("simulated failure mid-copy")
+        return real_copy(dst, src)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", flaky)
+    # Rows loop before the 0, then after it: mixed states, a few changing per step.
+    grammar = index(r"[ab]*0[ab]*")
+    for seed in range(4):
+        walk(grammar, EOS, np.random.default_rng(seed), batch=6, steps=16, width=WIDTH, specials=False, eos_bias=0.05)
+    assert calls["n"] > 3 and mc.stats()["fallbacks"] > 0
 
 
 def test_corrupted_entry_metadata_is_rebuilt_not_served():

@@ -29,8 +29,14 @@ class Kernel(Protocol):
 
     def equal(self, a: Any, b: Any) -> bool: ...
 
-    def apply(self, logits: Any, rows: Sequence[Any], form: str, nan_guard: bool) -> Any:
-        """Mask *logits* (B, V) with one row per batch row; return the result."""
+    def apply(self, logits: Any, rows: Sequence[Any], form: str, nan_guard: bool,
+              scratch: dict[str, Any] | None = None) -> Any:
+        """Mask *logits* (B, V) with one row per batch row; return the result.
+
+        *scratch* is a dict the caller keeps for one processor across steps,
+        where a kernel may keep buffers (the torch CPU slate); None when the
+        rows themselves must be applied (``verify=True``).
+        """
 
 
 def allowed_from_words(words: np.ndarray, width: int) -> np.ndarray:

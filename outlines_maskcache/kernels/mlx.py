@@ -32,7 +32,8 @@ class MLXKernel:
         import mlx.core as mx
         return bool(mx.array_equal(a, b))
 
-    def apply(self, logits: Any, rows: Sequence[Any], form: str, nan_guard: bool) -> Any:
+    def apply(self, logits: Any, rows: Sequence[Any], form: str, nan_guard: bool,
+              scratch: dict[str, Any] | None = None) -> Any:
         import mlx.core as mx
         allowed = rows[0][None, :] if all(r is rows[0] for r in rows) else mx.stack(list(rows))
         return mx.where(allowed, logits, mx.array(-np.inf, dtype=logits.dtype))

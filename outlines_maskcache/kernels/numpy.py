@@ -9,7 +9,7 @@ caller who writes into one gets an error instead of a corrupted cache.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
@@ -39,7 +39,8 @@ class NumpyKernel:
     def equal(self, a: np.ndarray, b: np.ndarray) -> bool:
         return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
 
-    def apply(self, logits: np.ndarray, rows: Sequence[np.ndarray], form: str, nan_guard: bool) -> np.ndarray:
+    def apply(self, logits: np.ndarray, rows: Sequence[np.ndarray], form: str, nan_guard: bool,
+              scratch: dict[str, Any] | None = None) -> np.ndarray:
         if form == "bound" and nan_guard and bool(np.isnan(logits).any()):
             rows, form = [r == -np.inf for r in rows], "blocked"
         for i, row in enumerate(rows):

@@ -23,7 +23,7 @@ launch cost to amortise.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -65,24 +65,68 @@ class TorchKernel:
     def equal(self, a: torch.Tensor, b: torch.Tensor) -> bool:
         return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
 
-    def apply(self, logits: torch.Tensor, rows: Sequence[torch.Tensor], form: str, nan_guard: bool) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, rows: Sequence[torch.Tensor], form: str, nan_guard: bool,
+              scratch: dict[str, Any] | None = None) -> torch.Tensor:
         first = rows[0]
-        same = all(r is first for r in rows)
-        if form == "blocked":
-            logits.masked_fill_(first if same else torch.stack(list(rows)), -_INF)
-            return logits
-        if nan_guard and bool(torch.isnan(logits).any()):
+        same = len(rows) == 1 or all(r is first for r in rows)
+        if form == "bound" and nan_guard and bool(torch.isnan(logits).any()):
             blocked = [r == -_INF for r in rows]
             logits.masked_fill_(blocked[0] if same else torch.stack(blocked), -_INF)
             return logits
         if same:
-            torch.minimum(logits, first, out=logits)
-        elif logits.device.type == "cpu":
-            # One C++ loop over the rows, no gather (see module docstring).
-            torch._foreach_minimum_(list(logits.unbind(0)), list(rows))
+            operand = first
+        elif logits.device.type != "cpu":
+            operand = torch.stack(list(rows))
         else:
-            torch.minimum(logits, torch.stack(list(rows)), out=logits)
+            operand = _slate(scratch, rows, logits.shape) if scratch is not None else None
+            if operand is None:
+                views = list(logits.unbind(0))
+                if form == "blocked":
+                    for view, row in zip(views, rows):
+                        view.masked_fill_(row, -_INF)
+                else:
+                    torch._foreach_minimum_(views, list(rows))
+                return logits
+        if form == "blocked":
+            logits.masked_fill_(operand, -_INF)
+        else:
+            torch.minimum(logits, operand, out=logits)
         return logits
+
+
+def _slate(scratch: dict[str, Any], rows: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor | None:
+    """The caller's (B, V) buffer holding ``rows``, or None to apply the rows one by one.
+
+    A slate turns a mixed-state batch into one ``minimum`` at the cost of a
+    copy for each slate row that is out of date.  That pays while rows keep
+    their states (free text in a JSON string), not while most rows move every
+    step (a number, a key): then None, and the slate is brought up to date
+    on the first step where at most half the rows moved.
+
+    ``scratch["held"][i]`` is the cached row whose copy sits in slate row
+    ``i``; holding the object (not its id) keeps its address from being
+    reused by another row.  A row is marked unknown before its copy starts,
+    so a copy that fails half way is redone next step, never trusted.
+    """
+    previous = scratch.get("previous", ())
+    scratch["previous"] = rows
+    moved = len(rows) if len(previous) != len(rows) else sum(r is not p for r, p in zip(rows, previous))
+    if 2 * moved > len(rows):
+        return None
+    dtype = rows[0].dtype
+    slate = scratch.get("slate")
+    if slate is None or slate.shape != shape or slate.dtype != dtype:
+        slate = torch.empty(shape, dtype=dtype, device=rows[0].device)
+        scratch.update(slate=slate, views=list(slate.unbind(0)), held=[None] * len(rows))
+    views, held = scratch["views"], scratch["held"]
+    stale = [i for i, row in enumerate(rows) if row is not held[i]]
+    if stale:
+        for i in stale:
+            held[i] = None
+        torch._foreach_copy_([views[i] for i in stale], [rows[i] for i in stale])
+        for i in stale:
+            held[i] = rows[i]
+    return slate
 
 
 KERNEL = TorchKernel()

@@ -36,7 +36,7 @@ import numpy as np
 
 from outlines_maskcache.fingerprint import digest, vocabulary_hash
 from outlines_maskcache.kernels import Kernel, allowed_from_ids, kernel_for
-from outlines_maskcache.masking import cached_or_stock, mask_logits
+from outlines_maskcache.masking import cached_or_stock, masker_of
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.runtime import RUNTIME
 
@@ -137,7 +137,7 @@ def patches(module: ModuleType) -> list[Patch]:
             states = _states(self, input_ids, to_list)
             target = logits if adapter is None else _private_copy(logits)
             reader = _allowed_reader(self.guide, states, int(logits.shape[1]))
-            return mask_logits(self.guide, states, target, reader, kernel)
+            return masker_of(self, self.guide)(states, target, reader, kernel)
 
         # A fault after the state table was filled is harmless: stock finds
         # the same entries it would have written.  On the in-place layout a
