@@ -52,6 +52,7 @@ def configure(
     form: str | None = None,
     nan_guard: bool | None = None,
     verify: bool | None = None,
+    sparse_below: float | None = None,
 ) -> Settings:
     """Change settings; invalid values raise :class:`ConfigError` and change nothing.
 
@@ -60,10 +61,13 @@ def configure(
     form: ``auto`` | ``bound`` | ``blocked`` (see docs/design.md).
     nan_guard: repair NaN logits on blocked tokens exactly as stock does (costs a pass).
     verify: compare every served mask with a fresh build (debugging; slow).
+    sparse_below: states allowing at most this fraction of the vocabulary are
+        cached as token ids (CPU); 0 keeps every state as a dense row.
     """
     changes = {
         k: v
-        for k, v in dict(max_bytes=max_bytes, max_grammars=max_grammars, form=form, nan_guard=nan_guard, verify=verify).items()
+        for k, v in dict(max_bytes=max_bytes, max_grammars=max_grammars, form=form, nan_guard=nan_guard, verify=verify,
+             sparse_below=sparse_below).items()
         if v is not None
     }
     return RUNTIME.configure(**changes)

@@ -25,6 +25,12 @@ DEFAULT_MAX_GRAMMARS = 64
 #: (a +inf/-inf row applied with one ``minimum``) on CPU, ``blocked`` (a bool
 #: row applied with ``masked_fill_``) on accelerators.
 FORMS = ("auto", "bound", "blocked")
+#: A state allowing at most this fraction of the vocabulary is cached as the
+#: ids of its allowed tokens instead of a dense row (CPU): at 128k tokens,
+#: up to 2,004 ids (16 KiB) instead of a 512 KiB row, and applied by moving
+#: those values rather than combining a whole row.  Numbers, keys and
+#: punctuation of a JSON schema are such states; free text is not.
+DEFAULT_SPARSE_BELOW = 1 / 64
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -46,6 +52,7 @@ class Settings:
     form: str = "auto"
     nan_guard: bool = False
     verify: bool = False
+    sparse_below: float = DEFAULT_SPARSE_BELOW
 
     def updated(self, **changes: object) -> "Settings":
         for name, value in changes.items():
@@ -62,6 +69,9 @@ def _validate(name: str, value: object) -> None:
     elif name == "form":
         if value not in FORMS:
             raise ConfigError(f"form must be one of {FORMS}, got {value!r}")
+    elif name == "sparse_below":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ConfigError(f"sparse_below must be a number in [0, 1], got {value!r}")
     elif name in ("nan_guard", "verify"):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be a bool, got {value!r}")

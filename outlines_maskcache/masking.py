@@ -17,7 +17,7 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
-from outlines_maskcache.kernels import Kernel, kernel_for
+from outlines_maskcache.kernels import Kernel, LogitsLost, kernel_for
 from outlines_maskcache.runtime import RUNTIME
 
 T = TypeVar("T")
@@ -88,10 +88,11 @@ class Masker:
                 cache.reject(key)
                 row = None
             if row is None:
-                fresh = kernel.row(allowed_of(states.index(state)), form, logits)
+                fresh = kernel.row(allowed_of(states.index(state)), form, logits, settings.sparse_below)
                 row = cache.put(key, fresh, kernel.nbytes(fresh))
             elif verify:
-                verify_served(key, row, kernel.row(allowed_of(states.index(state)), form, logits), kernel.equal)
+                fresh = kernel.row(allowed_of(states.index(state)), form, logits, settings.sparse_below)
+                verify_served(key, row, fresh, kernel.equal)
             served[state] = row
         self._known = served
         rows = [served[state] for state in states]
@@ -138,10 +139,15 @@ def cached_or_stock(where: str, cached: Callable[[], T], stock: Callable[[], T])
     Safe because every cached application is idempotent under the stock one
     that follows: allowed logits are untouched, blocked ones are -inf (or NaN
     that stock then overwrites with -inf), so a half-applied batch re-masked
-    by stock equals stock.
+    by stock equals stock.  The one exception is a sparse row caught between
+    its fill and its put-back; the kernel repairs that itself or raises
+    :class:`~outlines_maskcache.kernels.LogitsLost`, which is re-raised here.
     """
     try:
         return cached()
+    except LogitsLost as err:  # the logits are damaged: stock would mask garbage
+        RUNTIME.fault(where, err)
+        raise
     except Exception as err:  # noqa: BLE001 - any fault must reach stock, never the logits
         RUNTIME.fault(where, err)
         return stock()

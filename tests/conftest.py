@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -35,8 +36,6 @@ def _fresh_cache():
     mc.install()
     mc.clear()
     mc.reset_stats()
-    defaults = Settings()
-    mc.configure(max_bytes=defaults.max_bytes, max_grammars=defaults.max_grammars, form=defaults.form,
-                 nan_guard=defaults.nan_guard, verify=defaults.verify)
+    mc.configure(**dataclasses.asdict(Settings()))
     yield
     mc.install()

@@ -157,7 +157,8 @@ def test_parse_size_rejects(text):
 
 
 @pytest.mark.parametrize("change", [dict(max_bytes=-1), dict(max_bytes=1.5), dict(max_bytes="1G"), dict(max_bytes=True),
-                                    dict(max_grammars=0), dict(form="fast"), dict(nan_guard=1), dict(colour="red")])
+                                    dict(max_grammars=0), dict(form="fast"), dict(nan_guard=1), dict(colour="red"),
+                                    dict(sparse_below=-0.1), dict(sparse_below=2), dict(sparse_below=True)])
 def test_bad_settings_raise_clearly(change):
     with pytest.raises(ConfigError, match=next(iter(change))):
         Settings().updated(**change)

@@ -37,9 +37,11 @@ def compile_index(regex: str, vocab: dict, eos: int):
 
 @given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 8),
        extra=st.integers(0, 40), dtype=st.sampled_from(DTYPES), library=st.sampled_from(["torch", "numpy"]),
-       resets=st.integers(0, 2))
-def test_random_regex_random_vocab(regex, vocab, seed, batch, extra, dtype, library, resets):
+       resets=st.integers(0, 2), sparse=st.sampled_from([0.0, 0.3, 1.0]))
+def test_random_regex_random_vocab(regex, vocab, seed, batch, extra, dtype, library, resets, sparse):
     tokens, eos, n_ids = vocab
+    # 0: every state a dense row; 1: every state its allowed ids; 0.3: a mix within one batch.
+    mc.configure(sparse_below=sparse)
     index = compile_index(regex, tokens, eos)
     assume(index is not None)
     if library == "numpy":
@@ -55,13 +57,14 @@ def test_random_regex_random_vocab(regex, vocab, seed, batch, extra, dtype, libr
     assert mc.stats()["fallbacks"] == 0
 
 
-@given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), form=st.sampled_from(["bound", "blocked"]))
-def test_nan_logits_with_guard(regex, vocab, seed, form):
-    """NaN logits: exact with nan_guard (bound form) and always with the blocked form."""
+@given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), form=st.sampled_from(["bound", "blocked"]),
+       sparse=st.sampled_from([0.0, 0.3, 1.0]))
+def test_nan_logits_with_guard(regex, vocab, seed, form, sparse):
+    """NaN logits: exact with nan_guard (bound form) and always with the blocked form and sparse rows."""
     tokens, eos, n_ids = vocab
     index = compile_index(regex, tokens, eos)
     assume(index is not None)
-    mc.configure(nan_guard=True, form=form)
+    mc.configure(nan_guard=True, form=form, sparse_below=sparse)
     walk(index, eos, np.random.default_rng(seed), batch=4, steps=8, width=n_ids + 3, nan=True)
 
 

@@ -160,6 +160,38 @@ def test_a_slate_refresh_that_fails_half_way_is_redone_not_trusted(monkeypatch):
     assert calls["n"] > 3 and mc.stats()["fallbacks"] > 0
 
 
+def test_a_sparse_put_back_that_fails_is_repaired_before_stock_runs(monkeypatch):
+    """Sparse rows are filled with -inf, then their allowed values put back; if the put-back
+    fails the values are restored by a second route and stock's result is exact."""
+    mc.configure(sparse_below=1.0)
+
+    def failing(self, *args, **kwargs):
+        raise RuntimeError("simulated index_copy_ failure")
+
+    monkeypatch.setattr(torch.Tensor, "index_copy_", failing)
+    walk(index(), EOS, np.random.default_rng(5), batch=4, steps=10, width=WIDTH)
+    assert mc.stats()["fallbacks"] > 0
+
+
+def test_a_sparse_row_that_cannot_be_restored_fails_the_step_instead_of_masking_garbage(monkeypatch):
+    from outlines_maskcache.kernels import LogitsLost
+
+    mc.configure(sparse_below=1.0)
+    pair = Lockstep(index())
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    pair.step(ids, torch.zeros(2, WIDTH))  # first step: guides set up, rows cached
+
+    def failing(self, *args, **kwargs):
+        raise RuntimeError("simulated write failure")
+
+    monkeypatch.setattr(torch.Tensor, "index_copy_", failing)
+    monkeypatch.setattr(torch.Tensor, "__setitem__", failing)
+    ids = torch.cat([ids, torch.zeros(2, 1, dtype=torch.long)], dim=1)
+    with pytest.raises(LogitsLost):
+        pair.cached(ids, torch.randn(2, WIDTH))
+    assert mc.stats()["fallbacks"] == 1
+
+
 def test_corrupted_entry_metadata_is_rebuilt_not_served():
     pair = Lockstep(index())
     ids = torch.zeros(1, 1, dtype=torch.long)

@@ -80,6 +80,11 @@ class SharedCache(RuleBasedStateMachine):
         self.budget = budget
         mc.configure(max_bytes=budget)
 
+    @rule(fraction=st.sampled_from([0.0, 0.2, 1.0]))
+    def set_sparse(self, fraction):
+        # Rows already cached keep their kind: dense and sparse rows then meet in one batch.
+        mc.configure(sparse_below=fraction)
+
     @invariant()
     def bounded_and_counted(self):
         if not hasattr(self, "budget"):

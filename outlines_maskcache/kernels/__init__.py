@@ -19,8 +19,13 @@ class Kernel(Protocol):
     def placement(self, logits: Any, form: str) -> tuple[Hashable, Hashable, str]:
         """(device key, dtype key, concrete form) of the rows that fit *logits*."""
 
-    def row(self, allowed: np.ndarray, form: str, logits: Any) -> Any:
-        """A cached row for *allowed* (bool, length = logits width)."""
+    def row(self, allowed: np.ndarray, form: str, logits: Any, sparse_below: float = 0.0) -> Any:
+        """A cached row for *allowed* (bool, length = logits width).
+
+        A kernel may return the allowed ids instead of a dense row when
+        :func:`is_sparse` says so: far fewer bytes, and applied by moving the
+        few allowed values instead of combining a whole row.
+        """
 
     def nbytes(self, row: Any) -> int: ...
 
@@ -37,6 +42,15 @@ class Kernel(Protocol):
         where a kernel may keep buffers (the torch CPU slate); None when the
         rows themselves must be applied (``verify=True``).
         """
+
+
+class LogitsLost(RuntimeError):
+    """A kernel damaged the logits and could not repair them: the step must fail, not fall back."""
+
+
+def is_sparse(allowed: np.ndarray, sparse_below: float) -> bool:
+    """Whether a state allows few enough tokens to be cached as their ids."""
+    return sparse_below > 0 and int(np.count_nonzero(allowed)) <= sparse_below * allowed.size
 
 
 def allowed_from_words(words: np.ndarray, width: int) -> np.ndarray:

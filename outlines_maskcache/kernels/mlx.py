@@ -18,7 +18,8 @@ class MLXKernel:
     def placement(self, logits: Any, form: str) -> tuple[Hashable, Hashable, str]:
         return "mlx", str(logits.dtype), "allowed"
 
-    def row(self, allowed: np.ndarray, form: str, logits: Any) -> Any:
+    def row(self, allowed: np.ndarray, form: str, logits: Any, sparse_below: float = 0.0) -> Any:
+        # One mx.where over the batch is exact and cheap; MLX keeps dense bool rows.
         import mlx.core as mx
         return mx.array(allowed)
 

@@ -13,6 +13,8 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
+from outlines_maskcache.kernels import is_sparse
+
 
 class NumpyKernel:
     name = "numpy"
@@ -20,8 +22,10 @@ class NumpyKernel:
     def placement(self, logits: np.ndarray, form: str) -> tuple[Hashable, Hashable, str]:
         return "cpu", logits.dtype.str, "bound" if form == "auto" else form
 
-    def row(self, allowed: np.ndarray, form: str, logits: np.ndarray) -> np.ndarray:
-        if form == "bound":
+    def row(self, allowed: np.ndarray, form: str, logits: np.ndarray, sparse_below: float = 0.0) -> np.ndarray:
+        if is_sparse(allowed, sparse_below):
+            row = np.flatnonzero(allowed).astype(np.int64)
+        elif form == "bound":
             row = np.full(allowed.shape, -np.inf, dtype=logits.dtype)
             row[allowed] = np.inf
         else:
@@ -33,23 +37,45 @@ class NumpyKernel:
         return int(row.nbytes)
 
     def valid(self, row: np.ndarray, form: str, logits: np.ndarray) -> bool:
+        if not isinstance(row, np.ndarray) or row.ndim != 1:
+            return False
+        if row.dtype == _IDS:
+            return row.shape[0] <= logits.shape[-1]
         expected = logits.dtype if form == "bound" else np.dtype(bool)
-        return isinstance(row, np.ndarray) and row.dtype == expected and row.shape == (logits.shape[-1],)
+        return row.dtype == expected and row.shape == (logits.shape[-1],)
 
     def equal(self, a: np.ndarray, b: np.ndarray) -> bool:
-        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+        if a.dtype == b.dtype:
+            return a.shape == b.shape and bool(np.array_equal(a, b))
+        width = (b if a.dtype == _IDS else a).shape[0]
+        return bool(np.array_equal(_allowed(a, width), _allowed(b, width)))
 
     def apply(self, logits: np.ndarray, rows: Sequence[np.ndarray], form: str, nan_guard: bool,
               scratch: dict[str, Any] | None = None) -> np.ndarray:
-        if form == "bound" and nan_guard and bool(np.isnan(logits).any()):
-            rows, form = [r == -np.inf for r in rows], "blocked"
+        guard = form == "bound" and nan_guard and bool(np.isnan(logits).any())
         for i, row in enumerate(rows):
             view = logits[i]
-            if form == "bound":
+            if row.dtype == _IDS:
+                # Move the allowed values, never compute with them: exact, NaN included.
+                kept = view[row]
+                view.fill(-np.inf)
+                view[row] = kept
+            elif form == "bound" and not guard:
                 np.minimum(view, row, out=view)
             else:
-                view[row] = -np.inf
+                view[row == -np.inf if form == "bound" else row] = -np.inf
         return logits
+
+
+_IDS = np.dtype(np.int64)
+
+
+def _allowed(row: np.ndarray, width: int) -> np.ndarray:
+    if row.dtype == _IDS:
+        allowed = np.zeros(width, dtype=bool)
+        allowed[row] = True
+        return allowed
+    return ~row if row.dtype == bool else row == np.inf
 
 
 KERNEL = NumpyKernel()

@@ -28,6 +28,8 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import torch
 
+from outlines_maskcache.kernels import LogitsLost, is_sparse
+
 _INF = float("inf")
 
 
@@ -40,7 +42,9 @@ class TorchKernel:
             form = "bound" if device.type == "cpu" else "blocked"
         return str(device), logits.dtype, form
 
-    def row(self, allowed: np.ndarray, form: str, logits: torch.Tensor) -> torch.Tensor:
+    def row(self, allowed: np.ndarray, form: str, logits: torch.Tensor, sparse_below: float = 0.0) -> torch.Tensor:
+        if logits.device.type == "cpu" and is_sparse(allowed, sparse_below):
+            return torch.from_numpy(np.flatnonzero(allowed))
         mask = torch.from_numpy(allowed)
         if form == "bound":
             row = torch.full(mask.shape, -_INF, dtype=logits.dtype)
@@ -53,20 +57,24 @@ class TorchKernel:
         return row.element_size() * row.numel()
 
     def valid(self, row: torch.Tensor, form: str, logits: torch.Tensor) -> bool:
-        expected = logits.dtype if form == "bound" else torch.bool
-        return (
-            isinstance(row, torch.Tensor)
-            and row.dtype == expected
-            and row.device == logits.device
-            and row.dim() == 1
-            and row.shape[0] == logits.shape[-1]
-        )
+        if not isinstance(row, torch.Tensor) or row.dim() != 1 or row.device != logits.device:
+            return False
+        if row.dtype is _IDS:
+            return row.shape[0] <= logits.shape[-1]
+        return row.dtype == (logits.dtype if form == "bound" else torch.bool) and row.shape[0] == logits.shape[-1]
 
     def equal(self, a: torch.Tensor, b: torch.Tensor) -> bool:
-        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+        if a.dtype == b.dtype:
+            return a.shape == b.shape and bool(torch.equal(a, b))
+        # Two kinds of row (ids vs dense, e.g. built under different settings): the same mask?
+        width = (b if a.dtype is _IDS else a).shape[0]
+        return bool(torch.equal(_allowed(a, width), _allowed(b, width)))
 
     def apply(self, logits: torch.Tensor, rows: Sequence[torch.Tensor], form: str, nan_guard: bool,
               scratch: dict[str, Any] | None = None) -> torch.Tensor:
+        sparse = [i for i, row in enumerate(rows) if row.dtype is _IDS]
+        if sparse:
+            return _apply_with_sparse(logits, rows, sparse, form, nan_guard)
         first = rows[0]
         same = len(rows) == 1 or all(r is first for r in rows)
         if form == "bound" and nan_guard and bool(torch.isnan(logits).any()):
@@ -80,18 +88,70 @@ class TorchKernel:
         else:
             operand = _slate(scratch, rows, logits.shape) if scratch is not None else None
             if operand is None:
-                views = list(logits.unbind(0))
-                if form == "blocked":
-                    for view, row in zip(views, rows):
-                        view.masked_fill_(row, -_INF)
-                else:
-                    torch._foreach_minimum_(views, list(rows))
+                _apply_rows(list(logits.unbind(0)), rows, form, nan_guard=False)
                 return logits
         if form == "blocked":
             logits.masked_fill_(operand, -_INF)
         else:
             torch.minimum(logits, operand, out=logits)
         return logits
+
+
+_IDS = torch.int64
+
+
+def _allowed(row: torch.Tensor, width: int) -> torch.Tensor:
+    """A dense or sparse row as a bool vector of allowed tokens (for comparing the two kinds)."""
+    if row.dtype is _IDS:
+        allowed = torch.zeros(width, dtype=torch.bool, device=row.device)
+        allowed[row] = True
+        return allowed
+    return ~row if row.dtype == torch.bool else row == _INF
+
+
+def _apply_rows(views: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], form: str, nan_guard: bool) -> None:
+    """Dense rows applied one per batch row (one C++ loop for the ``bound`` form)."""
+    if form == "blocked":
+        for view, row in zip(views, rows):
+            view.masked_fill_(row, -_INF)
+    elif nan_guard and any(bool(torch.isnan(view).any()) for view in views):
+        for view, row in zip(views, rows):
+            view.masked_fill_(row == -_INF, -_INF)
+    else:
+        torch._foreach_minimum_(list(views), list(rows))
+
+
+def _apply_with_sparse(logits: torch.Tensor, rows: Sequence[torch.Tensor], sparse: list[int], form: str,
+                       nan_guard: bool) -> torch.Tensor:
+    """A batch where some rows are sparse: their allowed values are read, the row set to -inf, and put back.
+
+    Exact for every input, NaN included (allowed values are moved, never
+    computed with).  The one moment a row is wrong is between the fill and
+    the put-back; if the put-back fails, every allowed value is written back
+    by a second route so the stock fallback still sees them, and if that fails
+    too :class:`LogitsLost` stops the fallback from masking damaged logits.
+    """
+    views = logits.unbind(0)
+    kept = [views[i].index_select(0, rows[i]) for i in sparse]
+    if len(sparse) < len(rows):
+        dense = [i for i in range(len(rows)) if rows[i].dtype is not _IDS]
+        _apply_rows([views[i] for i in dense], [rows[i] for i in dense], form, nan_guard)
+    try:
+        if len(sparse) == len(rows):
+            logits.fill_(-_INF)
+        else:
+            for i in sparse:
+                views[i].fill_(-_INF)
+        for i, values in zip(sparse, kept):
+            views[i].index_copy_(0, rows[i], values)
+    except Exception as err:
+        try:
+            for i, values in zip(sparse, kept):
+                views[i][rows[i]] = values
+        except Exception as again:
+            raise LogitsLost(f"could not restore allowed logits after {err!r}") from again
+        raise
+    return logits
 
 
 def _slate(scratch: dict[str, Any], rows: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor | None:
