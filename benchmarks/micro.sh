@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-bench-out}"; mkdir -p "$out"
 .venv/bin/outlines-maskcache bench --tokenizers gpt2,llama3 --batch 1,8,32 --steps 24 --repeats 3 \
-    --compile --json "$out/micro.json" --plot "$out/micro.png" "${@:2}"
+    --compile --memory --e2e --json "$out/micro.json" --plot "$out/micro.png" "${@:2}"

@@ -103,6 +103,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         stop()
     print_micro(cases)
     results["micro"] = micro.as_json(cases)
+    if args.memory:
+        from outlines_maskcache.bench import memory
+
+        states, budget = (300, 16 << 20) if args.quick else (10_000, 256 << 20)
+        name = args.tokenizers[-1]
+        results["memory"] = [memory.budget_walk(name, states, budget, chars) for chars in memory.CLASSES]
+        memory.print_memory(results["memory"])
     if args.e2e or args.compile:
         from outlines_maskcache.bench import e2e
 
@@ -175,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--e2e", action="store_true", help="also tokens/s of SmolLM2-135M end to end")
     bench.add_argument("--engines", type=_csv(str), default=["transformers", "llamacpp"])
     bench.add_argument("--compile", action="store_true", help="also first vs repeated model(prompt, Schema) setup")
+    bench.add_argument("--memory", action="store_true",
+                       help="also the byte budget on a 10,000-state grammar (300 with --quick): peak bytes, bytes per state")
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a PNG of step time per variant here")
     bench.set_defaults(func=cmd_bench)

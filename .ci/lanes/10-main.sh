@@ -8,4 +8,4 @@ bash scripts/setup.sh .venv "outlines==1.3.3"
 PYTHON=.venv/bin/python bash scripts/fetch_schemas.sh
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 .venv/bin/python -m pytest -q tests --ignore=tests/engines --junitxml="$reports/main-outlines-1.3.3.xml"
-.venv/bin/outlines-maskcache bench --quick --json "$reports/bench-quick.json" --plot "$reports/bench-quick.png"
+.venv/bin/outlines-maskcache bench --quick --compile --memory --json "$reports/bench-quick.json" --plot "$reports/bench-quick.png"

@@ -3,7 +3,8 @@
 Same ``bound`` form as the torch CPU kernel, applied with ``np.minimum`` into
 the caller's array, so llama.cpp's strided float32 view of its candidate
 array is written in place.  ``blocked`` (a bool row, boolean-index
-assignment of -inf) is exact for NaN too.  Rows are made read-only so that a
+assignment of -inf) is exact for NaN too, as are sparse rows (the allowed
+ids, whose values are moved out and back around a fill).  Rows are made read-only so that a
 caller who writes into one gets an error instead of a corrupted cache.
 """
 

@@ -14,11 +14,16 @@ Forms, chosen by measurement (``outlines-maskcache bench``, docs/design.md):
   ``masked_fill_(-inf)``; exact for every input including NaN, a quarter of
   the bytes, and memory-bound on a GPU.
 
+* sparse rows (CPU, states allowing at most ``sparse_below`` of the
+  vocabulary): the int64 ids of the allowed tokens; their logits are read,
+  the row filled with -inf and the values put back.  Exact for every input.
+
 Rows of a batch that share a state are applied with one broadcast op.  Mixed
 states: on accelerators one ``stack`` + one op (O(1) kernel launches); on CPU
-one ``_foreach_minimum_`` over the rows (a single C++ loop), measured faster
-than gather + op because the gather doubles memory traffic and there is no
-launch cost to amortise.
+the processor's slate (see :func:`_slate`) and one op while rows keep their
+states, or one ``_foreach_minimum_`` over the rows (a single C++ loop) while
+most of them move; a gather + op was measured slower on CPU because the
+gather doubles memory traffic and there is no launch cost to amortise.
 """
 
 from __future__ import annotations
