@@ -32,8 +32,9 @@ class Masker:
     Rows validated on an earlier step are recognised by identity: the cache
     hands out the object it stores, so ``found is known`` proves the row was
     checked against this placement before.  Only the rows of the latest step
-    are remembered, so a masker never keeps more than one row per batch row
-    alive past the cache's own eviction.
+    are remembered (and the kernel's slate holds at most two per batch row),
+    so what a masker keeps alive past the cache's own eviction is bounded by
+    the batch, not by the grammar.
     """
 
     __slots__ = ("grammar", "_signature", "_kernel", "_placement", "_fingerprint", "_known", "_scratch")
