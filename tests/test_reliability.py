@@ -354,3 +354,15 @@ def test_soak_many_distinct_grammars_stays_within_budget():
     assert growth < 200, f"RSS grew {growth:.0f} MB"
     report("soak", {"seconds": seconds, "grammars": grammars, "budget_bytes": budget, "peak_bytes": peak_bytes,
                     "rss_growth_mb": round(growth, 1), "evictions": mc.stats()["evictions"]})
+
+
+def test_verify_mode_accepts_rows_of_either_kind_for_one_state():
+    """Rows cached as dense, then checked against fresh sparse builds (and back): the same
+    masks, so verify finds nothing wrong and stock is never needed."""
+    mc.configure(verify=True, sparse_below=0.0)
+    shared = index()
+    walk(shared, EOS, np.random.default_rng(6), batch=3, steps=6, width=WIDTH)
+    mc.configure(sparse_below=1.0)
+    walk(shared, EOS, np.random.default_rng(6), batch=3, steps=6, width=WIDTH)
+    stats = mc.stats()
+    assert stats["verified"] > 0 and stats["fallbacks"] == 0 and stats["invalid"] == 0

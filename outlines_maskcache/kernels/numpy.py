@@ -14,7 +14,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from outlines_maskcache.kernels import is_sparse
+from outlines_maskcache.kernels import allowed_from_ids, is_sparse
 
 
 class NumpyKernel:
@@ -72,10 +72,9 @@ _IDS = np.dtype(np.int64)
 
 
 def _allowed(row: np.ndarray, width: int) -> np.ndarray:
+    """A dense or sparse row as a bool vector of allowed tokens (for comparing the two kinds)."""
     if row.dtype == _IDS:
-        allowed = np.zeros(width, dtype=bool)
-        allowed[row] = True
-        return allowed
+        return allowed_from_ids(row, width)
     return ~row if row.dtype == bool else row == np.inf
 
 
