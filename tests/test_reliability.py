@@ -366,3 +366,13 @@ def test_verify_mode_accepts_rows_of_either_kind_for_one_state():
     walk(shared, EOS, np.random.default_rng(6), batch=3, steps=6, width=WIDTH)
     stats = mc.stats()
     assert stats["verified"] > 0 and stats["fallbacks"] == 0 and stats["invalid"] == 0
+
+
+def test_numpy_sparse_put_back_that_cannot_write_raises_logits_lost():
+    from outlines_maskcache.kernels import LogitsLost
+    from outlines_maskcache.kernels.numpy import _put_back
+
+    view = np.full(4, -np.inf, dtype=np.float32)
+    view.setflags(write=False)  # both write routes fail
+    with pytest.raises(LogitsLost):
+        _put_back(view, np.array([1, 3]), np.array([0.5, 2.0], dtype=np.float32))

@@ -24,10 +24,10 @@ CLASSES = {"letters": "[a-z]", "digits": "[0-9]"}
 
 def budget_walk(tokenizer_name: str, states: int, budget: int, chars: str = "letters", batch: int = 4,
                 sparse_below: float | None = None) -> dict[str, Any]:
-    from outlines_maskcache.bench.micro import logits_pool, outlines_model
+    from outlines import backends
 
     from outlines_maskcache.bench.material import tokenizer
-    from outlines import backends
+    from outlines_maskcache.bench.micro import logits_pool, outlines_model
 
     model = outlines_model(tokenizer(tokenizer_name))
     width = int(model.model.config.vocab_size)
@@ -43,13 +43,11 @@ def budget_walk(tokenizer_name: str, states: int, budget: int, chars: str = "let
     try:
         pool = logits_pool(batch, width, torch.device("cpu"))
         ids = torch.zeros(batch, 1, dtype=torch.long)
-        peak, steps, seen = 0, 0, set()
-        for step in range(states):
-            out = processor(ids, pool[step % len(pool)].clone())
+        peak, seen = 0, set()
+        for steps in range(1, states + 1):
+            out = processor(ids, pool[steps % len(pool)].clone())
             seen.update(g.get_state() for g in processor._guides)
-            stats = mc.stats()
-            peak = max(peak, max(stats["bytes_by_device"].values(), default=0))
-            steps += 1
+            peak = max(peak, max(mc.stats()["bytes_by_device"].values(), default=0))
             nxt = out.argmax(dim=-1, keepdim=True)
             if bool((out.max(dim=-1).values == -torch.inf).any()):
                 break

@@ -14,7 +14,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from outlines_maskcache.kernels import allowed_from_ids, is_sparse
+from outlines_maskcache.kernels import LogitsLost, allowed_from_ids, is_sparse
 
 
 class NumpyKernel:
@@ -60,7 +60,7 @@ class NumpyKernel:
                 # Move the allowed values, never compute with them: exact, NaN included.
                 kept = view[row]
                 view.fill(-np.inf)
-                view[row] = kept
+                _put_back(view, row, kept)
             elif form == "bound" and not guard:
                 np.minimum(view, row, out=view)
             else:
@@ -69,6 +69,19 @@ class NumpyKernel:
 
 
 _IDS = np.dtype(np.int64)
+
+
+def _put_back(view: np.ndarray, ids: np.ndarray, kept: np.ndarray) -> None:
+    """Restore a sparse row's allowed values; as in the torch kernel, a failed write is
+    retried by a second route, and :class:`LogitsLost` stops a fallback onto a damaged row."""
+    try:
+        view[ids] = kept
+    except Exception as err:
+        try:
+            np.put(view, ids, kept)
+        except Exception as again:
+            raise LogitsLost(f"could not restore allowed logits after {err!r}") from again
+        raise
 
 
 def _allowed(row: np.ndarray, width: int) -> np.ndarray:
