@@ -7,6 +7,7 @@ bit-identical to stock outlines; see docs/design.md for why.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from outlines_maskcache.config import ConfigError, Settings, enabled_from_env
@@ -45,6 +46,9 @@ def clear() -> None:
     RUNTIME.clear()
 
 
+_UNSET: Any = object()
+
+
 def configure(
     *,
     max_bytes: int | None = None,
@@ -53,6 +57,10 @@ def configure(
     nan_guard: bool | None = None,
     verify: bool | None = None,
     sparse_below: float | None = None,
+    store: "str | os.PathLike[str] | bool | None" = _UNSET,
+    store_max_bytes: int | None = None,
+    compile_timeout: float | None = _UNSET,
+    compile_max_bytes: int | None = _UNSET,
 ) -> Settings:
     """Change settings; invalid values raise :class:`ConfigError` and change nothing.
 
@@ -63,13 +71,24 @@ def configure(
     verify: compare every served mask with a fresh build (debugging; slow).
     sparse_below: states allowing at most this fraction of the vocabulary are
         cached as token ids (CPU); 0 keeps every state as a dense row.
+    store: directory of the persistent grammar store, ``"auto"`` (the user
+        cache directory) or ``False``/``None`` (off); see docs/store.md.
+    store_max_bytes: bytes of compiled grammars kept on disk (LRU beyond it).
+    compile_timeout / compile_max_bytes: compile new grammars in a child
+        process killed past this many seconds / bytes of memory (``None``:
+        in process and unbounded, as stock).
     """
-    changes = {
+    changes: dict[str, Any] = {
         k: v
         for k, v in dict(max_bytes=max_bytes, max_grammars=max_grammars, form=form, nan_guard=nan_guard, verify=verify,
-             sparse_below=sparse_below).items()
+             sparse_below=sparse_below, store_max_bytes=store_max_bytes).items()
         if v is not None
     }
+    if store is not _UNSET:
+        changes["store"] = None if store is None or store is False else store
+    for name, value in (("compile_timeout", compile_timeout), ("compile_max_bytes", compile_max_bytes)):
+        if value is not _UNSET:
+            changes[name] = value
     return RUNTIME.configure(**changes)
 
 

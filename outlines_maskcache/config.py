@@ -16,6 +16,8 @@ from typing import Mapping
 
 ENV_ENABLE = "OUTLINES_MASKCACHE"
 ENV_MAX_BYTES = "OUTLINES_MASKCACHE_MAX_BYTES"
+ENV_STORE = "OUTLINES_MASKCACHE_STORE"
+ENV_STORE_MAX_BYTES = "OUTLINES_MASKCACHE_STORE_MAX_BYTES"
 
 #: Bytes of cached masks allowed per device.  A 128k-vocabulary fp32 row is
 #: 512 KiB, so the default holds about 2,000 states per device.
@@ -31,6 +33,11 @@ FORMS = ("auto", "bound", "blocked")
 #: those values rather than combining a whole row.  Numbers, keys and
 #: punctuation of a JSON schema are such states; free text is not.
 DEFAULT_SPARSE_BELOW = 1 / 64
+#: ``store="auto"``: the platform's user cache directory (see ``store.default_root``)
+STORE_AUTO = "auto"
+#: Bytes of compiled grammars kept on disk; an Index for a JSON schema at
+#: 128k tokens is 1-50 MB, so this holds a few hundred schemas.
+DEFAULT_STORE_MAX_BYTES = 2 << 30
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -53,15 +60,23 @@ class Settings:
     nan_guard: bool = False
     verify: bool = False
     sparse_below: float = DEFAULT_SPARSE_BELOW
+    #: directory of the persistent grammar store; ``auto`` = user cache dir; None = off
+    store: str | None = STORE_AUTO
+    store_max_bytes: int = DEFAULT_STORE_MAX_BYTES
+    #: inline compiles in a guarded child process (None = in process, as stock)
+    compile_timeout: float | None = None
+    compile_max_bytes: int | None = None
 
     def updated(self, **changes: object) -> "Settings":
         for name, value in changes.items():
             _validate(name, value)
+        if isinstance(changes.get("store"), os.PathLike):
+            changes["store"] = os.fspath(changes["store"])
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
 def _validate(name: str, value: object) -> None:
-    if name in ("max_bytes", "max_grammars"):
+    if name in ("max_bytes", "max_grammars", "store_max_bytes"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if value < 0 or (name == "max_grammars" and value == 0):
@@ -72,6 +87,15 @@ def _validate(name: str, value: object) -> None:
     elif name == "sparse_below":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             raise ConfigError(f"sparse_below must be a number in [0, 1], got {value!r}")
+    elif name == "store":
+        if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value).strip()):
+            raise ConfigError(f"store must be a directory path, 'auto' or None (off), got {value!r}")
+    elif name == "compile_timeout":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ConfigError(f"compile_timeout must be None or a number of seconds > 0, got {value!r}")
+    elif name == "compile_max_bytes":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 64 << 20):
+            raise ConfigError(f"compile_max_bytes must be None or an int >= 64 MiB, got {value!r}")
     elif name in ("nan_guard", "verify"):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be a bool, got {value!r}")
@@ -107,14 +131,17 @@ def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
     settings = Settings()
-    raw = environ.get(ENV_MAX_BYTES)
+    for env, name, default in ((ENV_MAX_BYTES, "max_bytes", DEFAULT_MAX_BYTES),
+                               (ENV_STORE_MAX_BYTES, "store_max_bytes", DEFAULT_STORE_MAX_BYTES)):
+        raw = environ.get(env)
+        if raw is not None and raw.strip():
+            try:
+                settings = settings.updated(**{name: parse_size(raw)})
+            except ConfigError as err:
+                warnings.warn(f"{env}: {err}; keeping the default of {default} bytes", RuntimeWarning, stacklevel=3)
+    raw = environ.get(ENV_STORE)
     if raw is not None and raw.strip():
-        try:
-            settings = settings.updated(max_bytes=parse_size(raw))
-        except ConfigError as err:
-            warnings.warn(
-                f"{ENV_MAX_BYTES}: {err}; keeping the default of {DEFAULT_MAX_BYTES} bytes",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        value = raw.strip()
+        # "0"/"off" turns the store off; any other value is a directory.
+        settings = settings.updated(store=None if value.lower() in _FALSE else value)
     return settings

@@ -82,6 +82,12 @@ class Registry:
             forgotten = self._trim()
         self._forget(forgotten)
 
+    def get(self, obj: Any) -> Fingerprint | None:
+        """The fingerprint *obj* is registered under, without registering it."""
+        with self._lock:
+            entry = self._by_id.get(id(obj))
+            return entry[1] if entry is not None and entry[0] is obj else None
+
     def of(self, obj: Any) -> Fingerprint:
         with self._lock:
             entry = self._by_id.get(id(obj))

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 from outlines_maskcache.cache import MaskCache
 from outlines_maskcache.config import Settings, settings_from_env
 from outlines_maskcache.fingerprint import Fingerprint, Memo, Registry
+from outlines_maskcache.store import Store, StoreError, default_root
 
 log = logging.getLogger("outlines_maskcache")
 
@@ -36,12 +37,31 @@ class Runtime:
         self.vocabulary_memo = Memo(max(4, settings.max_grammars // 4))
         self._logged: set[str] = set()
         self._log_lock = threading.Lock()
+        #: (settings it was made for, the store or None); rebuilt when they change
+        self._store: tuple[tuple, Store | None] = ((), None)
 
     def active(self) -> bool:
         return self.installed and not _disabled.get()
 
     def fingerprint(self, grammar: Any) -> Fingerprint:
         return self.grammars.of(grammar)
+
+    def store(self) -> Store | None:
+        """The persistent grammar store for the current settings, or None when it is off."""
+        settings = self.settings
+        wanted = (settings.store, settings.store_max_bytes)
+        made, store = self._store
+        if made == wanted:
+            return store
+        store = None
+        if settings.store is not None:
+            root = default_root() if settings.store == "auto" else settings.store
+            try:
+                store = Store(root, settings.store_max_bytes)
+            except StoreError as err:  # pragma: no cover - settings are validated first
+                log.warning("outlines_maskcache: store off (%s)", err)
+        self._store = (wanted, store)
+        return store
 
     def configure(self, **changes: Any) -> Settings:
         settings = self.settings.updated(**changes)
@@ -75,6 +95,8 @@ class Runtime:
             grammar_memo={"hits": self.grammar_memo.hits, "misses": self.grammar_memo.misses, "entries": len(self.grammar_memo)},
             vocabulary_memo={"hits": self.vocabulary_memo.hits, "misses": self.vocabulary_memo.misses, "entries": len(self.vocabulary_memo)},
         )
+        store = self.store()
+        snap["store"] = store.snapshot() if store is not None else None
         return snap
 
     def reset_stats(self) -> None:
@@ -84,12 +106,17 @@ class Runtime:
             self._logged.clear()
         for memo in (self.grammar_memo, self.vocabulary_memo):
             memo.hits = memo.misses = 0
+        store = self._store[1]
+        if store is not None:
+            store.reset_counters()
 
     def _after_fork(self) -> None:
         # Locks may have been held by another thread at fork time.
         for part in (self.cache, self.grammars, self.grammar_memo, self.vocabulary_memo):
             part.after_fork()
         self._log_lock = threading.Lock()
+        if self._store[1] is not None:
+            self._store[1].after_fork()
         self.cache.drop_devices(lambda device: not str(device).startswith("cpu"))
 
 

@@ -27,15 +27,21 @@ def nightly() -> bool:
     return os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
 
 
+@pytest.fixture(scope="session")
+def session_store(tmp_path_factory) -> Path:
+    """One grammar store for the whole run (never the user's cache directory)."""
+    return tmp_path_factory.mktemp("grammar-store")
+
+
 @pytest.fixture(autouse=True)
-def _fresh_cache():
-    """Every test starts with the cache installed, empty and with default settings."""
+def _fresh_cache(session_store):
+    """Every test starts with the cache installed, empty and with default settings (store: the session's)."""
     import outlines_maskcache as mc
     from outlines_maskcache.config import Settings
 
     mc.install()
     mc.clear()
+    mc.configure(**dict(dataclasses.asdict(Settings()), store=str(session_store)))
     mc.reset_stats()
-    mc.configure(**dataclasses.asdict(Settings()))
     yield
     mc.install()

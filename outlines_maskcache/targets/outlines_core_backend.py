@@ -15,6 +15,11 @@ Patched:
   Vocabulary conversion) and a new Index on every ``model(prompt,
   output_type)`` call, which would both cost 0.3-1.2 s and leave the mask
   cache cold.
+* ``OutlinesCoreBackend.create_outlines_core_vocabulary`` and the Index
+  compile: through the persistent store (:mod:`outlines_maskcache.compiled`),
+  so a new process loads what any process compiled before.  The vocabulary
+  is named by its content (stock's own inputs to the conversion), and an
+  Index by that name plus the regex.
 
 Guide state stays in stock's attributes (``_guides``, ``is_first_token``),
 so switching ``disabled()`` on or off mid-generation is consistent.
@@ -22,11 +27,13 @@ so switching ``disabled()`` on or off mid-generation is consistent.
 
 from __future__ import annotations
 
+import importlib.metadata
 from types import ModuleType
 from typing import Any, Callable
 
 import numpy as np
 
+from outlines_maskcache import compiled
 from outlines_maskcache.fingerprint import digest
 from outlines_maskcache.kernels import allowed_from_words
 from outlines_maskcache.masking import cached_or_stock, masker_of
@@ -76,11 +83,13 @@ def _allowed_writer(guides: list[Any], width: int) -> Callable[[int], np.ndarray
 def patches(module: ModuleType) -> list[Patch]:
     processor_cls = module.OutlinesCoreLogitsProcessor
     backend_cls = module.OutlinesCoreBackend
-    index_cls = module.Index
     stock_process = processor_cls.__dict__["process_logits"]
     stock_call = processor_cls.__call__
     stock_init = backend_cls.__dict__["__init__"]
     stock_regex = backend_cls.__dict__["get_regex_logits_processor"]
+    stock_vocabulary = backend_cls.__dict__["create_outlines_core_vocabulary"].__func__
+    # The conversion is outlines' code: its version is part of the name.
+    outlines_version = importlib.metadata.version("outlines")
 
     def masked(self: Any, input_ids: Any, logits: Any) -> Any:
         """Stock's ``process_logits`` with the mask served from the cache."""
@@ -142,19 +151,39 @@ def patches(module: ModuleType) -> list[Patch]:
         def build() -> dict[str, Any]:
             probe = object.__new__(backend_cls)
             stock_init(probe, model)
-            RUNTIME.grammars.register(probe.vocabulary, digest(*key))
+            if RUNTIME.grammars.get(probe.vocabulary) is None:  # not named by content below
+                RUNTIME.grammars.register(probe.vocabulary, digest(*key))
             return dict(probe.__dict__)
 
         self.__dict__.update(RUNTIME.vocabulary_memo.get_or_build(key, build))
+
+    def create_outlines_core_vocabulary(vocab: dict, eos_token_id: int, eos_token: str,
+                                        token_to_str: Callable[[str], str]) -> Any:
+        def build() -> Any:
+            return stock_vocabulary(vocab, eos_token_id, eos_token, token_to_str)
+
+        if not RUNTIME.active():
+            return build()
+        try:
+            key = compiled.VOCABULARY_PREFIX + compiled.vocabulary_key(vocab, eos_token_id, eos_token, token_to_str,
+                                                                         "outlines", outlines_version)
+        except Exception as err:  # noqa: BLE001 - an unusual tokenizer converts stock, unnamed
+            RUNTIME.fault("vocabulary key", err)
+            return build()
+        vocabulary = compiled.stored("vocabulary", (key,), build, compiled.load_vocabulary)
+        RUNTIME.grammars.register(vocabulary, key)
+        return vocabulary
 
     def get_regex_logits_processor(self: Any, regex: str) -> Any:
         if not RUNTIME.active():
             return stock_regex(self, regex)
         vocabulary = self.vocabulary
-        key = ("index", RUNTIME.fingerprint(vocabulary), regex)
+        named = RUNTIME.fingerprint(vocabulary)
+        key = ("index", named, regex)
 
         def build() -> Any:
-            index = index_cls(regex, vocabulary)
+            content = named if named.startswith(compiled.VOCABULARY_PREFIX) else None
+            index = compiled.compile_index(regex, vocabulary, content)
             RUNTIME.grammars.register(index, digest(*key))
             return index
 
@@ -166,4 +195,5 @@ def patches(module: ModuleType) -> list[Patch]:
         Patch(processor_cls, "__call__", __call__),
         Patch(backend_cls, "__init__", __init__),
         Patch(backend_cls, "get_regex_logits_processor", get_regex_logits_processor),
+        Patch(backend_cls, "create_outlines_core_vocabulary", staticmethod(create_outlines_core_vocabulary)),
     ]

@@ -17,6 +17,17 @@ guide's state, so it is cached (a hit costs ~6 us, mostly Python glue):
   ``write_mask_into`` into a fresh row and caches it.  Any fault runs stock's ``fill_bitmask``, which
   overwrites the whole row, so a half-done copy can never leak out.
 * ``OutlinesBackend.destroy``: writes the stats file (below), then stock.
+* The guide of every grammar compiled while active is a
+  :class:`~outlines_maskcache.quiet_guide.QuietGuide`: vLLM's
+  ``accept_tokens`` / ``_is_finished_after`` call ``guide.advance(t)`` and
+  drop the list of allowed tokens outlines_core builds for the new state
+  (~0.6 ms at 128k vocabulary, most of vLLM's structured-output time); the
+  quiet guide skips building a list its caller discards, and nothing else.
+  ``OUTLINES_MASKCACHE_QUIET_ADVANCE=0`` turns this off.
+* ``OutlinesBackend._compile_index``: through the persistent grammar store
+  and an in-memory memo (content keys: the tokenizer's vocabulary, the vLLM
+  version, the regex), so a restarted server loads Indexes instead of
+  compiling them; stock compiles (with its timeout) on a miss.
 
 A grammar compiled while the cache was off (or by code we do not know)
 carries no fingerprint and is always filled by stock.
@@ -42,15 +53,18 @@ from typing import Any
 
 import numpy as np
 
+from outlines_maskcache import compiled
 from outlines_maskcache.fingerprint import digest
 from outlines_maskcache.masking import cached_or_stock, verify_served
 from outlines_maskcache.patching import Patch
+from outlines_maskcache.quiet_guide import QuietGuide
 from outlines_maskcache.runtime import RUNTIME
 
 log = logging.getLogger("outlines_maskcache")
 
 TARGET = "vllm-v1"
 ENV_STATS_FILE = "OUTLINES_MASKCACHE_STATS_FILE"
+ENV_QUIET_ADVANCE = "OUTLINES_MASKCACHE_QUIET_ADVANCE"
 #: instance attribute carrying a compiled grammar's fingerprint
 _FINGERPRINT = "_outlines_maskcache_fingerprint"
 #: set on the first bitmask this process fills, so idle processes write no stats
@@ -77,15 +91,36 @@ def patches(module: ModuleType) -> list[Patch]:
     stock_compile = backend_cls.__dict__["compile_grammar"]
     stock_fill = grammar_cls.__dict__["fill_bitmask"]
     stock_destroy = getattr(backend_cls, "destroy", None)
+    stock_index = backend_cls.__dict__.get("_compile_index")
 
     def compile_grammar(self: Any, request_type: Any, grammar_spec: str, *args: Any, **kwargs: Any) -> Any:
         grammar = stock_compile(self, request_type, grammar_spec, *args, **kwargs)
         if RUNTIME.active():
             try:
                 setattr(grammar, _FINGERPRINT, grammar_fingerprint(self, request_type, grammar_spec))
+                if _quiet_advance() and type(grammar.guide).__name__ == "Guide":
+                    grammar.guide = QuietGuide(grammar.guide)
+                    RUNTIME.cache.count("quiet_guides")
             except Exception as err:  # noqa: BLE001 - an untagged grammar is simply filled by stock
                 RUNTIME.fault("vllm-v1 compile_grammar", err)
         return grammar
+
+    def _compile_index(self: Any, regex_string: str, vocabulary: Any) -> Any:
+        assert stock_index is not None
+        if not RUNTIME.active() or RUNTIME.store() is None:
+            return stock_index(self, regex_string, vocabulary)
+        try:
+            vocab_key = _vocabulary_key(self, vocabulary)
+        except Exception as err:  # noqa: BLE001 - unnamed vocabularies compile stock
+            RUNTIME.fault("vllm-v1 vocabulary key", err)
+            return stock_index(self, regex_string, vocabulary)
+        from outlines_core import Index
+
+        return RUNTIME.grammar_memo.get_or_build(
+            ("vllm-index", vocab_key, regex_string),
+            lambda: compiled.stored("index", (vocab_key, regex_string),
+                                    lambda: stock_index(self, regex_string, vocabulary), Index.from_binary),
+        )
 
     def fill_bitmask(self: Any, bitmask: Any, idx: int) -> None:
         fingerprint = getattr(self, _FINGERPRINT, None)
@@ -130,7 +165,45 @@ def patches(module: ModuleType) -> list[Patch]:
     ]
     if stock_destroy is not None:  # only the stats file depends on it
         found.append(Patch(backend_cls, "destroy", destroy))
+    if stock_index is not None:  # only the store depends on it
+        found.append(Patch(backend_cls, "_compile_index", _compile_index))
     return found
+
+
+def _quiet_advance() -> bool:
+    """Read per compile, so a benchmark can compare both ways in one process."""
+    return os.environ.get(ENV_QUIET_ADVANCE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _vocabulary_key(backend: Any, vocabulary: Any) -> str:
+    """A content key for vLLM's outlines vocabulary, computed once per vocabulary object.
+
+    From the tokenizer it was reduced from (vLLM's ``_hash`` hashes a repr
+    whose order changes between processes) and the vLLM version, whose
+    ``_reduced_vocabulary`` decides the conversion.
+    """
+    inner = getattr(vocabulary, "inner", vocabulary)
+    known = RUNTIME.grammars.get(inner)
+    if known is not None and known.startswith(compiled.VOCABULARY_PREFIX):
+        return known
+    tokenizer = backend.tokenizer
+    found = _installed_vllm()
+    eos_id = tokenizer.eos_token_id
+    eos = tokenizer.convert_ids_to_tokens(eos_id) if eos_id is not None else None
+    key = compiled.VOCABULARY_PREFIX + compiled.vocabulary_key(
+        tokenizer.get_vocab(), eos_id, eos, lambda t: tokenizer.convert_tokens_to_string([t]),
+        "vllm", str(found), int(backend.vocab_size),
+    )
+    RUNTIME.grammars.register(inner, key)
+    return key
+
+
+def _installed_vllm() -> str:
+    from outlines_maskcache.targets import TARGETS
+
+    target = next(t for t in TARGETS if t.name == TARGET)
+    found = target.installed()
+    return f"{found[0]} {found[1]}" if found else "unknown"
 
 
 def _nbytes(row: np.ndarray) -> int:

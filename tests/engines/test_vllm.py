@@ -101,6 +101,54 @@ def test_rows_equal_stock_and_repeat_requests_hit(backend, request_type, kind):
     assert second["hits"] > first["hits"] and second["fallbacks"] == 0
 
 
+@pytest.mark.parametrize("request_type,kind", SPECS)
+def test_quiet_guide_walks_like_stock(backend, request_type, kind):
+    """accept_tokens, validate_tokens (advance + rollback), rollback and EOS: the same states as stock's guide."""
+    from outlines_maskcache.quiet_guide import QuietGuide
+
+    spec = _spec(kind)
+    quiet = backend.compile_grammar(request_type, spec)
+    with mc.disabled():
+        stock = backend.compile_grammar(request_type, spec)
+    assert isinstance(quiet.guide, QuietGuide) and not isinstance(stock.guide, QuietGuide)
+    rng = random.Random(3)
+    bitmask = backend.allocate_token_bitmask(1)
+    eos = stock.eos_token_id
+    for step in range(60):
+        assert quiet.guide.get_state() == stock.guide.get_state(), f"states differ at step {step}"
+        assert quiet.is_terminated() == stock.is_terminated()
+        if stock.is_terminated():
+            break
+        with mc.disabled():
+            stock.fill_bitmask(bitmask, 0)
+        allowed = [int(t) for t in allowed_from_words(bitmask[0].numpy(), backend.vocab_size).nonzero()[0]]
+        picks = [rng.choice(allowed) for _ in range(3)]
+        assert quiet.validate_tokens(picks) == stock.validate_tokens(picks)
+        if step % 7 == 3:  # a rejected token leaves both where they were
+            bad = next(t for t in range(backend.vocab_size) if t not in set(allowed))
+            assert quiet.accept_tokens("r", [bad]) == stock.accept_tokens("r", [bad])
+        token = picks[0]
+        assert quiet.accept_tokens("r", [token]) == stock.accept_tokens("r", [token])
+        if step % 5 == 4 and token != eos and quiet.num_processed_tokens > 1:
+            quiet.rollback(1)
+            stock.rollback(1)
+    assert quiet.num_processed_tokens == stock.num_processed_tokens
+
+
+def test_quiet_guide_returns_the_list_when_it_is_used(backend):
+    """Only a discarded result is skipped: a caller that reads advance()'s list gets stock's list."""
+    quiet = backend.compile_grammar(StructuredOutputOptions.JSON, _spec("json"))
+    with mc.disabled():
+        stock = backend.compile_grammar(StructuredOutputOptions.JSON, _spec("json"))
+    token = stock.guide.get_tokens()[0]
+    expected = stock.guide.advance(token)
+    used = quiet.guide.advance(token)
+    # The list's order is a hash map's (it differs between two Index objects
+    # of one grammar in stock too); its content is what matters.
+    assert isinstance(used, list) and sorted(used) == sorted(expected) and len(used) > 1
+    assert quiet.guide.get_state() == stock.guide.get_state()
+
+
 def test_thread_pool_fills_match_stock(backend):
     """vLLM fills big batches from a thread pool into one shared bitmask, one row per request."""
     bitmask = backend.allocate_token_bitmask(16)
@@ -187,6 +235,20 @@ def test_generate_identical_to_stock(runs):
     assert [o["text"] for o in cached["outputs"]] == [o["text"] for o in stock["outputs"]]
 
 
+def test_edge_cases_identical_to_stock(runs):
+    """EOS mid-batch, max_tokens cut-offs, n > 1 and an aborted request: the same tokens as stock."""
+    stock, cached = runs
+    assert {e["case"] for e in cached["edge"]} == {"max_tokens", "n>1", "abort"}
+    assert cached["edge"] == stock["edge"]
+    lengths = [e for e in cached["edge"] if e["case"] == "max_tokens"]
+    assert [e["finish_reasons"] for e in lengths] == [["length"]] * 3
+    samples = [e for e in cached["edge"] if e["case"] == "n>1"]
+    assert all(len(e["texts"]) == 3 for e in samples)
+    aborted = [e for e in cached["edge"] if e["case"] == "abort"]
+    assert "abort1" not in {e["request"] for e in aborted}, "the aborted request must not finish"
+    assert len(aborted) == 2
+
+
 def test_generate_outputs_are_valid(runs):
     import jsonschema
 
@@ -206,3 +268,4 @@ def test_engine_core_process_reports_hits(runs):
     assert engine, f"no stats from the EngineCore process: {cached['stats']}"
     stats = engine[0]
     assert stats["installed"] and stats["hits"] > 0 and stats["fallbacks"] == 0, stats
+    assert stats.get("quiet_guides", 0) > 0, "the quiet guide must be active in the EngineCore"
