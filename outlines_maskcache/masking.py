@@ -112,6 +112,32 @@ class Masker:
         self._signature = signature
 
 
+def bitmask_row(fingerprint: Any, guide: Any, n_words: int) -> np.ndarray:
+    """The int32 bitmask row of *guide*'s current state: cached, or written by stock's call and cached.
+
+    The row engines fill with ``Guide.write_mask_into`` (vLLM's bitmask,
+    MaskBench's engines); it depends only on the grammar named by
+    *fingerprint* and the state.  Rows are read-only so a served row can
+    never be changed in place by a caller.
+    """
+    def build() -> np.ndarray:
+        # The very call stock makes, into a row shaped as stock's.
+        row = np.empty(n_words, dtype=np.int32)
+        guide.write_mask_into(row.ctypes.data, n_words, row.itemsize)
+        row.setflags(write=False)
+        return row
+
+    key = (fingerprint, "cpu", guide.get_state(), n_words, "bitmask-i32")
+    row = RUNTIME.cache.get_or_build(key, build, _row_bytes)
+    if RUNTIME.settings.verify:
+        verify_served(key, row, build(), np.array_equal)
+    return row
+
+
+def _row_bytes(row: np.ndarray) -> int:
+    return int(row.nbytes)
+
+
 def masker_of(processor: Any, grammar: Any) -> Masker:
     """The processor's masker, made on first use or when its grammar object changed."""
     masker = processor.__dict__.get(ATTRIBUTE)

@@ -55,7 +55,7 @@ import numpy as np
 
 from outlines_maskcache import compiled
 from outlines_maskcache.fingerprint import digest
-from outlines_maskcache.masking import cached_or_stock, verify_served
+from outlines_maskcache.masking import bitmask_row, cached_or_stock
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.quiet_guide import QuietGuide
 from outlines_maskcache.runtime import RUNTIME
@@ -133,22 +133,7 @@ def patches(module: ModuleType) -> list[Patch]:
         _filled = True
 
         def cached() -> None:
-            guide = self.guide
-            n_words = view.shape[1]
-
-            def build() -> np.ndarray:
-                # The very call stock makes, into a row shaped as stock's.
-                row = np.empty(n_words, dtype=np.int32)
-                guide.write_mask_into(row.ctypes.data, n_words, row.itemsize)
-                row.setflags(write=False)
-                return row
-
-            key = (fingerprint, "cpu", guide.get_state(), n_words, "bitmask-i32")
-            cache = RUNTIME.cache
-            row = cache.get_or_build(key, build, _nbytes)
-            if RUNTIME.settings.verify:
-                verify_served(key, row, build(), np.array_equal)
-            view[idx] = row
+            view[idx] = bitmask_row(fingerprint, self.guide, view.shape[1])
 
         cached_or_stock("vllm-v1 fill_bitmask", cached, lambda: stock_fill(self, bitmask, idx))
 
@@ -204,10 +189,6 @@ def _installed_vllm() -> str:
     target = next(t for t in TARGETS if t.name == TARGET)
     found = target.installed()
     return f"{found[0]} {found[1]}" if found else "unknown"
-
-
-def _nbytes(row: np.ndarray) -> int:
-    return int(row.nbytes)
 
 
 #: (bitmask, its data pointer, its shape, numpy view): vLLM allocates one
