@@ -43,8 +43,11 @@ def reset_stats() -> None:
 
 
 def clear() -> None:
-    """Drop every cached mask and memoized grammar (counters are kept)."""
+    """Drop every cached mask and memoized grammar in this process (counters and the store are kept)."""
+    from outlines_maskcache.persisted_masks import PERSISTED
+
     RUNTIME.clear()
+    PERSISTED.clear()
 
 
 _UNSET: Any = object()

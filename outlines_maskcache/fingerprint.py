@@ -26,6 +26,16 @@ from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterable
 
 Fingerprint = str
+#: fingerprints that name a grammar only inside this process: identity
+#: tokens, and names built from per-process hashes; nothing keyed by one
+#: may be persisted
+IDENTITY_PREFIX = "id:"
+LOCAL_PREFIX = "local:"
+
+
+def is_content(fingerprint: object) -> bool:
+    """True for a fingerprint that names the same grammar in every process."""
+    return isinstance(fingerprint, str) and not fingerprint.startswith((IDENTITY_PREFIX, LOCAL_PREFIX))
 
 
 def digest(*parts: object) -> Fingerprint:
@@ -94,7 +104,7 @@ class Registry:
             if entry is not None and entry[0] is obj:
                 self._by_id.move_to_end(id(obj))
                 return entry[1]
-            fingerprint = f"id:{next(self._tokens)}"
+            fingerprint = f"{IDENTITY_PREFIX}{next(self._tokens)}"
             self._by_id[id(obj)] = (obj, fingerprint)
             forgotten = self._trim()
         self._forget(forgotten)
@@ -112,7 +122,7 @@ class Registry:
     def _forget(self, fingerprints: list[Fingerprint]) -> None:
         # Content fingerprints may come back (the same schema compiled again),
         # but their masks are still right then; only identity tokens are dead.
-        dead = [fp for fp in fingerprints if fp.startswith("id:")]
+        dead = [fp for fp in fingerprints if fp.startswith(IDENTITY_PREFIX)]
         if dead:
             self._on_forget(dead)
 

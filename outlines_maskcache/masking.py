@@ -18,6 +18,7 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 import numpy as np
 
 from outlines_maskcache.kernels import Kernel, LogitsLost, kernel_for
+from outlines_maskcache.persisted_masks import words_of, write_words
 from outlines_maskcache.runtime import RUNTIME
 
 T = TypeVar("T")
@@ -117,20 +118,17 @@ def bitmask_row(fingerprint: Any, guide: Any, n_words: int) -> np.ndarray:
 
     The row engines fill with ``Guide.write_mask_into`` (vLLM's bitmask,
     MaskBench's engines); it depends only on the grammar named by
-    *fingerprint* and the state.  Rows are read-only so a served row can
+    *fingerprint* and the state (and, for a content-named grammar, is
+    persisted beside it: :mod:`outlines_maskcache.persisted_masks`).  Rows are read-only so a served row can
     never be changed in place by a caller.
     """
     def build() -> np.ndarray:
-        # The very call stock makes, into a row shaped as stock's.
-        row = np.empty(n_words, dtype=np.int32)
-        guide.write_mask_into(row.ctypes.data, n_words, row.itemsize)
-        row.setflags(write=False)
-        return row
+        return words_of(fingerprint, guide, n_words)
 
     key = (fingerprint, "cpu", guide.get_state(), n_words, "bitmask-i32")
     row = RUNTIME.cache.get_or_build(key, build, _row_bytes)
     if RUNTIME.settings.verify:
-        verify_served(key, row, build(), np.array_equal)
+        verify_served(key, row, write_words(guide, n_words), np.array_equal)
     return row
 
 

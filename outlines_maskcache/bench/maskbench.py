@@ -12,7 +12,9 @@ Engines, interleaved per schema in one run:
 
 * ``outlines``: stock outlines_core, ``Guide.write_mask_into`` into an int32 bitmask;
 * ``maskcache``: the cached bitmask row (the vLLM target's path), cold
-  (cache empty: the first pass) and ``maskcache-warm`` (a second pass);
+  (cache and store empty: the first pass), ``maskcache-warm`` (a second
+  pass) and ``maskcache-stored`` (a fresh process with a warm store: the
+  in-process cache dropped, rows loaded from the store's persisted masks);
 * ``outlines-logits`` / ``maskcache-logits``: outlines 1.x's logits
   processor step at B=1 on fp32 logits, stock vs cached;
 * ``llguidance`` and ``xgrammar``: their matchers filling the same bitmask.
@@ -26,7 +28,9 @@ MaskBench counts them) and go through the grammar store.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import operator
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,7 +44,8 @@ from outlines_maskcache.ahead_of_time import Grammar, read_grammars
 #: MaskBench's percentiles
 TBM_POINTS = (25, 50, 75, 90, 95, 99, 99.9)
 TTFM_POINTS = (50, 75, 90, 99)
-ENGINES = ("outlines", "maskcache", "maskcache-warm", "outlines-logits", "maskcache-logits", "llguidance", "xgrammar")
+ENGINES = ("outlines", "maskcache", "maskcache-warm", "maskcache-stored", "outlines-logits", "maskcache-logits",
+           "llguidance", "xgrammar")
 ENV_DATA = "MASKBENCH_DATA"
 
 
@@ -198,7 +203,7 @@ def _replay_logits(index: Any, tokens: list[int], width: int, cached: bool, tall
         if tally is not None:
             tally.tbm_us.append((t1 - t0) * 1e6)
         row = out[0]
-        outs.append(row.clone())
+        outs.append(hashlib.sha256(row.numpy().tobytes()).digest())  # exact content, without holding 512 KiB a token
         if not bool(torch.isfinite(row[token])):
             return i, outs
         ids = torch.tensor([[token]], dtype=torch.long)
@@ -318,13 +323,15 @@ def run(data: str | None = None, tokenizer_name: str = "llama3", limit: int | No
                 for engine in ("outlines", "maskcache", "outlines-logits", "maskcache-logits"):
                     if engine in engines:
                         result.engines[engine].ttfm_us.append(outcome.seconds * 1e6)
-                if store is not None and "maskcache-warm" in engines:
+                if store is not None and ("maskcache-warm" in engines or "maskcache-stored" in engines):
                     # What the next process pays instead of the compile: a verified load from the store.
                     key = store_key("index", vocab_key, outcome.regex)
                     store.put(key, outcome.index)
                     t0 = time.perf_counter()
                     Index.from_binary(store.get(key) or b"")
-                    result.engines["maskcache-warm"].ttfm_us.append((time.perf_counter() - t0) * 1e6)
+                    for engine in ("maskcache-warm", "maskcache-stored"):
+                        if engine in engines:
+                            result.engines[engine].ttfm_us.append((time.perf_counter() - t0) * 1e6)
                 outcome.index = None
                 _replay_schema(result, grammar, index, hf, width, engines, check, words, bitmask, vocab_key)
             for name, engine in externals.items():
@@ -349,42 +356,65 @@ def _instances(grammar: Grammar, hf: Any) -> list[tuple[bool, list[int]]]:
 
 def _replay_schema(result: Result, grammar: Grammar, index: Any, hf: Any, width: int, engines: tuple[str, ...],
                    check: bool, words: np.ndarray, bitmask: np.ndarray, vocab_key: str) -> None:
-    import torch
+    """Every pass over all of the schema's instances, in order: stock, cold, warm, stored, then the processors.
 
+    Pass by pass (not instance by instance) so each pass sees the schema as
+    a process would: the cold pass starts with nothing cached, the stored
+    pass with nothing in memory and the rows the earlier passes persisted.
+    """
     import outlines_maskcache as mc
+    from outlines_maskcache.persisted_masks import PERSISTED
+    from outlines_maskcache.runtime import RUNTIME
 
-    fingerprint = f"maskbench:{grammar.name}:{vocab_key}"
-    mc.clear()  # the cold pass starts from an empty mask cache
-    for valid, tokens in _instances(grammar, hf):
+    instances = _instances(grammar, hf)
+    complete = [_finished(index, tokens) for _, tokens in instances]
+    # Stock first: its masks are the reference every cached pass is compared with.
+    reference = []
+    for (valid, tokens), done in zip(instances, complete):
         result.tokens += len(tokens)
-        complete = _finished(index, tokens)
-        # Stock first: its masks are the reference every cached pass is compared with.
         tally = result.engines.get("outlines")
-        stock_n, stock_masks = _replay_outlines(index, tokens, words, tally)
+        n, masks = _replay_outlines(index, tokens, words, tally)
+        reference.append((n, masks))
+        result.checked_tokens += n
         if tally is not None:
-            _judge(tally, valid, stock_n == len(tokens) and complete)
-        for engine in ("maskcache", "maskcache-warm"):
-            tally = result.engines.get(engine)
-            if tally is None and not check:
+            _judge(tally, valid, n == len(tokens) and done)
+    # A name no earlier run persisted rows under: the cold pass starts from
+    # an empty cache *and* an empty store.
+    fingerprint = f"maskbench:{grammar.name}:{vocab_key}:{os.getpid()}:{time.time_ns()}"
+    mc.clear()
+    for engine in ("maskcache", "maskcache-warm", "maskcache-stored"):
+        tally = result.engines.get(engine)
+        if tally is None and not check:
+            continue
+        if engine == "maskcache-stored":
+            if RUNTIME.store() is None:
                 continue
+            PERSISTED.save_all()  # what this process learned, as it would at exit
+            mc.clear()  # a fresh process: nothing in memory, the store warm
+            t0 = time.perf_counter()  # loading the persisted rows belongs to the first mask's setup
+            PERSISTED.grammar(fingerprint, bitmask.shape[1])
+            if tally is not None and tally.ttfm_us:
+                tally.ttfm_us[-1] += (time.perf_counter() - t0) * 1e6
+        for (valid, tokens), done, (stock_n, stock_masks) in zip(instances, complete, reference):
             n, masks = _replay_maskcache(index, fingerprint, tokens, bitmask, tally)
             if tally is not None:
-                _judge(tally, valid, n == len(tokens) and complete)
+                _judge(tally, valid, n == len(tokens) and done)
             if check:
-                _compare(result, grammar.name, "bitmask", stock_n, stock_masks, n, masks, np.array_equal)
-        if check or "outlines-logits" in engines or "maskcache-logits" in engines:
-            outs = {}
-            for engine, cached in (("outlines-logits", False), ("maskcache-logits", True)):
-                tally = result.engines.get(engine)
-                outs[cached] = _replay_logits(index, tokens, width, cached, tally)
-                if tally is not None:
-                    _judge(tally, valid, outs[cached][0] == len(tokens) and complete)
-            if check:
-                if outs[False][0] != stock_n:
-                    _disagree(result, grammar.name, "accept", f"stock logits stop at {outs[False][0]}, bitmask at {stock_n}")
-                _compare(result, grammar.name, "logits", outs[False][0], outs[False][1], outs[True][0], outs[True][1],
-                         torch.equal)
-        result.checked_tokens += stock_n
+                _compare(result, grammar.name, engine, stock_n, stock_masks, n, masks, np.array_equal)
+    if not (check or "outlines-logits" in engines or "maskcache-logits" in engines):
+        return
+    for (valid, tokens), done, (stock_n, _) in zip(instances, complete, reference):
+        outs = {}
+        for engine, cached in (("outlines-logits", False), ("maskcache-logits", True)):
+            tally = result.engines.get(engine)
+            outs[cached] = _replay_logits(index, tokens, width, cached, tally)
+            if tally is not None:
+                _judge(tally, valid, outs[cached][0] == len(tokens) and done)
+        if check:
+            if outs[False][0] != stock_n:
+                _disagree(result, grammar.name, "accept", f"stock logits stop at {outs[False][0]}, bitmask at {stock_n}")
+            _compare(result, grammar.name, "logits", outs[False][0], outs[False][1], outs[True][0], outs[True][1],
+                     operator.eq)
 
 
 def _replay_external(result: Result, name: str, engine: Any, grammar: Grammar, hf: Any) -> None:
@@ -410,7 +440,7 @@ def _compare(result: Result, name: str, what: str, stock_n: int, stock: list[Any
         _disagree(result, name, "accept", f"{what}: cached stops at token {n}, stock at {stock_n}")
     for i, (a, b) in enumerate(zip(stock, got)):
         if not equal(a, b):
-            _disagree(result, name, what, f"mask differs at token {i}")
+            _disagree(result, name, "logits" if what == "logits" else "bitmask", f"{what}: mask differs at token {i}")
             return
 
 

@@ -38,6 +38,7 @@ from outlines_maskcache.fingerprint import digest
 from outlines_maskcache.kernels import allowed_from_words
 from outlines_maskcache.masking import cached_or_stock, masker_of
 from outlines_maskcache.patching import Patch
+from outlines_maskcache.persisted_masks import words_of
 from outlines_maskcache.runtime import RUNTIME
 
 
@@ -70,11 +71,11 @@ def _last_tokens(input_ids: Any) -> list[int]:
     return input_ids[:, -1].tolist()
 
 
-def _allowed_writer(guides: list[Any], width: int) -> Callable[[int], np.ndarray]:
+def _allowed_writer(grammar: Any, guides: list[Any], width: int) -> Callable[[int], np.ndarray]:
     def allowed_of(i: int) -> np.ndarray:
-        # The same call stock makes, into a buffer shaped as stock allocates it.
-        words = np.full((width + 31) // 32, -1, dtype=np.int32)
-        guides[i].write_mask_into(words.ctypes.data, words.size, words.itemsize)
+        # Only on a miss: stock's call into a buffer shaped as stock allocates
+        # it, or the row persisted for this state by an earlier process.
+        words = words_of(RUNTIME.fingerprint(grammar), guides[i], (width + 31) // 32)
         return allowed_from_words(words, width)
 
     return allowed_of
@@ -114,7 +115,7 @@ def patches(module: ModuleType) -> list[Patch]:
             if len(guides) != batch_size:
                 raise IndexError("batch grew since the first step")
             states = [g.get_state() for g in guides]
-            return masker_of(self, self.index)(states, logits, _allowed_writer(guides, vocab_size))
+            return masker_of(self, self.index)(states, logits, _allowed_writer(self.index, guides, vocab_size))
 
         return cached_or_stock("outlines_core mask", cached, lambda: self.bias_logits(batch_size, logits))
 

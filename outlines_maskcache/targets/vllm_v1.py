@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from outlines_maskcache import compiled
-from outlines_maskcache.fingerprint import digest
+from outlines_maskcache.fingerprint import LOCAL_PREFIX, digest
 from outlines_maskcache.masking import bitmask_row, cached_or_stock
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.quiet_guide import QuietGuide
@@ -80,9 +80,14 @@ def grammar_fingerprint(backend: Any, request_type: Any, grammar_spec: str) -> s
     across requests and across vLLM's own Index-cache evictions.
     """
     vocabulary = backend.vocabulary
-    vocab_key = getattr(vocabulary, "_hash", None) or RUNTIME.fingerprint(vocabulary)
     kind = getattr(request_type, "name", str(request_type))
-    return digest(TARGET, vocab_key, int(backend.vocab_size), kind, grammar_spec)
+    # The content key when the store named the vocabulary: stable across
+    # processes, so rows persist.  Else vLLM's own hash, stable within one.
+    vocab_key = RUNTIME.grammars.get(getattr(vocabulary, "inner", vocabulary))
+    if vocab_key is not None and vocab_key.startswith(compiled.VOCABULARY_PREFIX):
+        return digest(TARGET, vocab_key, int(backend.vocab_size), kind, grammar_spec)
+    local = getattr(vocabulary, "_hash", None) or RUNTIME.fingerprint(vocabulary)
+    return LOCAL_PREFIX + digest(TARGET, local, int(backend.vocab_size), kind, grammar_spec)
 
 
 def patches(module: ModuleType) -> list[Patch]:

@@ -1,0 +1,207 @@
+"""Bitmask rows persisted beside their grammar, so a restarted process starts warm.
+
+The mask of a state is a pure function of the compiled grammar and the state,
+so once any process has asked outlines_core for it (``write_mask_into``, up
+to ~0.4 ms at 128k tokens), no process needs to ask again.  Each grammar
+named by its *content* (never an identity token, which means nothing in
+another process) gets one store entry holding the int32 bitmask rows of the
+states visited so far; a process loads it on first use of the grammar and
+saves it back, merged with what other processes added, once it has learned
+enough new rows and at exit.
+
+Entry payload (all little-endian), verified again after the store's checksum:
+``b"OMCMASKS"``, u32 words per row, u32 reserved, u64 row count, then the
+states (u64 each), then the rows (int32).  Rows are served as read-only
+numpy views of the verified bytes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import struct
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from outlines_maskcache.fingerprint import is_content
+from outlines_maskcache.runtime import RUNTIME
+
+_MAGIC = b"OMCMASKS"
+_HEAD = struct.Struct("<8sIIQ")
+#: grammars whose rows a process keeps in this layer at once
+_MAX_GRAMMARS = 64
+#: save once this many rows are new and they are at least this share of the known ones
+_SAVE_AFTER = 64
+_SAVE_SHARE = 0.25
+
+
+class GrammarRows:
+    """The persisted and newly learned rows of one grammar at one row width."""
+
+    __slots__ = ("fingerprint", "n_words", "rows", "new", "lock")
+
+    def __init__(self, fingerprint: str, n_words: int) -> None:
+        self.fingerprint = fingerprint
+        self.n_words = n_words
+        self.rows: dict[int, np.ndarray] = {}
+        self.new = 0
+        self.lock = threading.Lock()
+
+    def key(self) -> str:
+        from outlines_maskcache.compiled import store_key
+
+        return store_key("masks", self.fingerprint, self.n_words)
+
+
+def encode(n_words: int, rows: dict[int, np.ndarray]) -> bytes:
+    states = np.fromiter(rows.keys(), dtype="<u8", count=len(rows))
+    body = np.stack([rows[int(s)] for s in states]).astype("<i4", copy=False) if rows else np.empty((0, n_words), "<i4")
+    return _HEAD.pack(_MAGIC, n_words, 0, len(rows)) + states.tobytes() + body.tobytes()
+
+
+def decode(data: bytes, n_words: int) -> dict[int, np.ndarray]:
+    """Rows from a payload; ValueError for anything not exactly this format at this width."""
+    if len(data) < _HEAD.size:
+        raise ValueError("mask entry shorter than its header")
+    magic, width, _, count = _HEAD.unpack_from(data)
+    if magic != _MAGIC or width != n_words:
+        raise ValueError("not a mask entry of this row width")
+    if len(data) != _HEAD.size + count * 8 + count * n_words * 4:
+        raise ValueError("mask entry length does not match its row count")
+    states = np.frombuffer(data, dtype="<u8", count=count, offset=_HEAD.size)
+    body = np.frombuffer(data, dtype="<i4", offset=_HEAD.size + count * 8).reshape(count, n_words)
+    return {int(s): body[i] for i, s in enumerate(states)}
+
+
+class PersistedMasks:
+    """Per-process view of the persisted rows of recently used grammars."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._grammars: OrderedDict[tuple[str, int], GrammarRows] = OrderedDict()
+        self._atexit = False
+
+    def grammar(self, fingerprint: Any, n_words: int) -> GrammarRows | None:
+        """The rows of a content-named grammar (loaded on first use); None when nothing can be persisted."""
+        if not is_content(fingerprint):
+            return None
+        store = RUNTIME.store()
+        if store is None:
+            return None
+        slot = (fingerprint, n_words)
+        with self._lock:
+            found = self._grammars.get(slot)
+            if found is not None:
+                self._grammars.move_to_end(slot)
+                return found
+        found = GrammarRows(fingerprint, n_words)
+        key = found.key()
+        data = store.get(key)
+        if data is not None:
+            try:
+                found.rows = decode(data, n_words)
+            except ValueError as err:
+                store.discard(key, f"mask rows do not decode ({err})")
+        with self._lock:
+            found = self._grammars.setdefault(slot, found)
+            while len(self._grammars) > _MAX_GRAMMARS:
+                _, gone = self._grammars.popitem(last=False)
+                self._save(gone)
+            if not self._atexit:
+                atexit.register(self.save_all)
+                self._atexit = True
+        return found
+
+    def learned(self, rows: GrammarRows, state: int, row: np.ndarray) -> None:
+        with rows.lock:
+            if state in rows.rows:
+                return
+            rows.rows[state] = row
+            rows.new += 1
+            due = rows.new >= _SAVE_AFTER and rows.new >= _SAVE_SHARE * len(rows.rows)
+        if due:
+            self._save(rows)
+
+    def forget(self, rows: GrammarRows) -> None:
+        """Drop a grammar whose persisted rows failed verification (here and in the store)."""
+        store = RUNTIME.store()
+        with self._lock:
+            self._grammars.pop((rows.fingerprint, rows.n_words), None)
+        if store is not None:
+            store.discard(rows.key(), "a persisted mask row differs from a fresh build")
+
+    def _save(self, rows: GrammarRows) -> None:
+        store = RUNTIME.store()
+        with rows.lock:
+            if not rows.new or store is None:
+                return
+            merged = dict(rows.rows)
+            rows.new = 0
+        key = rows.key()
+        data = store.get(key)  # rows other processes saved meanwhile are kept
+        if data is not None:
+            try:
+                for state, row in decode(data, rows.n_words).items():
+                    merged.setdefault(state, row)
+            except ValueError:
+                pass  # replaced whole below
+        store.put(key, encode(rows.n_words, merged))
+        RUNTIME.cache.count("mask_rows_saved", len(merged))
+
+    def save_all(self) -> None:
+        with self._lock:
+            grammars = list(self._grammars.values())
+        for rows in grammars:
+            try:
+                self._save(rows)
+            except Exception:  # noqa: BLE001 - at exit, a failed save is only a colder restart
+                pass
+
+    def clear(self) -> None:
+        with self._lock:
+            self._grammars.clear()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        for rows in self._grammars.values():
+            rows.lock = threading.Lock()
+
+
+PERSISTED = PersistedMasks()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=PERSISTED.after_fork)
+
+
+def words_of(fingerprint: Any, guide: Any, n_words: int) -> np.ndarray:
+    """The int32 bitmask words of *guide*'s state: persisted, else stock's ``write_mask_into`` (then persisted).
+
+    Returned arrays are read-only.
+    """
+    rows = PERSISTED.grammar(fingerprint, n_words)
+    state = guide.get_state()
+    if rows is not None:
+        found = rows.rows.get(state)
+        if found is not None:
+            RUNTIME.cache.count("persisted_rows")
+            if RUNTIME.settings.verify:
+                fresh = write_words(guide, n_words)
+                if not np.array_equal(found, fresh):
+                    PERSISTED.forget(rows)
+                    raise AssertionError(f"persisted mask row for state {state} differs from a fresh build")
+            return found
+    row = write_words(guide, n_words)
+    if rows is not None:
+        PERSISTED.learned(rows, state, row)
+    return row
+
+
+def write_words(guide: Any, n_words: int) -> np.ndarray:
+    # The very call stock makes, into a row shaped as stock's.
+    row = np.empty(n_words, dtype=np.int32)
+    guide.write_mask_into(row.ctypes.data, n_words, row.itemsize)
+    row.setflags(write=False)
+    return row
