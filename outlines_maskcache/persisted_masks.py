@@ -204,4 +204,5 @@ def write_words(guide: Any, n_words: int) -> np.ndarray:
     row = np.empty(n_words, dtype=np.int32)
     guide.write_mask_into(row.ctypes.data, n_words, row.itemsize)
     row.setflags(write=False)
+    RUNTIME.cache.count("mask_writes")
     return row

@@ -49,6 +49,8 @@ class Lockstep:
 
     index: object
     library: str = "torch"
+    #: the cached processor's Index when it is not *index* (one loaded from the store)
+    cached_index: object = None
     stock: object = field(init=False)
     cached: object = field(init=False)
 
@@ -56,7 +58,7 @@ class Lockstep:
         from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
 
         self.stock = OutlinesCoreLogitsProcessor(self.index, self.library)
-        self.cached = OutlinesCoreLogitsProcessor(self.index, self.library)
+        self.cached = OutlinesCoreLogitsProcessor(self.cached_index or self.index, self.library)
 
     def reset(self) -> None:
         self.stock.reset()

@@ -355,9 +355,16 @@ _CHILD = textwrap.dedent("""
     processor = OutlinesCoreBackend(model).get_json_schema_logits_processor(sys.argv[2])
     import torch
     ids = torch.tensor([[tok.eos_token_id]])
-    logits = torch.zeros(1, len(tok))
-    out = processor(ids, logits)
-    print(json.dumps({"stats": mc.stats(), "allowed": int(torch.isfinite(out).sum())}))
+    allowed = []
+    for step in range(6):  # a fixed walk: each step takes the smallest allowed token
+        out = processor(ids, torch.zeros(1, len(tok)))
+        finite = torch.isfinite(out[0]).nonzero().flatten()
+        allowed.append(int(finite.numel()))
+        ids = torch.cat([ids, finite[:1].view(1, 1)], dim=1)
+    from outlines_maskcache.persisted_masks import PERSISTED
+    stats = mc.stats()
+    PERSISTED.save_all()  # what atexit does; done here so the stats below see it
+    print(json.dumps({"stats": stats, "allowed": allowed}))
 """)
 
 
@@ -374,9 +381,13 @@ def test_a_second_process_compiles_nothing(tmp_path):
     first = _child(root, SCHEMA)
     second = _child(root, SCHEMA)
     assert first["stats"]["store"]["writes"] == 2 and first["stats"]["store"]["hits"] == 0
-    assert second["stats"]["store"]["hits"] == 2
-    assert second["stats"]["store"]["writes"] == 0 and second["stats"]["store"]["misses"] == 0
-    assert second["allowed"] == first["allowed"] > 0
+    assert second["stats"]["store"]["hits"] == 3  # vocabulary, Index, mask rows
+    assert second["stats"]["store"]["misses"] == 0
+    assert second["allowed"] == first["allowed"] and min(first["allowed"]) > 0
+    # No compile and no write_mask_into: every row came from the first process's persisted masks.
+    assert first["stats"].get("mask_writes", 0) >= 6
+    assert second["stats"].get("mask_writes", 0) == 0, second["stats"]
+    assert second["stats"]["persisted_rows"] >= 6
 
 
 def test_concurrent_processes_fill_one_store(tmp_path):
@@ -394,9 +405,57 @@ def test_concurrent_processes_fill_one_store(tmp_path):
     assert all(r["stats"]["store"]["corrupt"] == 0 for r in results)
     assert results[0]["allowed"] == results[1]["allowed"]
     store = Store(root, 1 << 40)
-    assert store.info()["entries"] == 3  # one vocabulary, two Indexes
+    assert store.info()["entries"] == 5  # one vocabulary, two Indexes, their mask rows
     for path, _, _ in store.entries():
         key = path.parent.name + path.name[: -len(".bin")]
         assert store.get(key) is not None, "every entry left behind verifies"
     again = _child(root, schemas[2])
-    assert again["stats"]["store"]["hits"] == 2 and again["stats"]["store"]["writes"] == 0
+    assert again["stats"]["store"]["hits"] == 3 and again["stats"].get("mask_writes", 0) == 0
+
+
+# -- the equivalence property, with grammars and masks from the store -----------
+
+from hypothesis import assume, given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from drivers import walk  # noqa: E402
+from strategies import regexes, vocabularies  # noqa: E402
+
+
+@given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 6),
+       extra=st.integers(0, 20))
+def test_stored_grammars_and_persisted_masks_equal_stock(regex, vocab, seed, batch, extra):
+    """Stock on a fresh compile vs cached on an Index loaded from the store, then again on persisted rows."""
+    import numpy as np
+    from outlines_core import Index, Vocabulary
+
+    from outlines_maskcache import compiled
+    from outlines_maskcache.fingerprint import digest
+    from outlines_maskcache.persisted_masks import PERSISTED
+    from outlines_maskcache.runtime import RUNTIME
+
+    tokens, eos, n_ids = vocab
+    try:
+        fresh = Index(regex, Vocabulary(eos, tokens))
+    except (ValueError, RuntimeError):
+        assume(False)
+    name = digest("hypothesis", regex, sorted(tokens.items()), eos)
+
+    def from_store():
+        index = compiled.stored("index", (name,), lambda: Index(regex, Vocabulary(eos, tokens)), Index.from_binary)
+        RUNTIME.grammars.register(index, name)  # a content name: its rows persist
+        return index
+
+    from_store()  # compiles and stores, unless an earlier example did
+    for generation in range(2):  # 0: rows learned (and persisted); 1: a "new process" served from them
+        mc.clear()
+        before = mc.stats()["store"]["hits"]
+        loaded = from_store()
+        assert mc.stats()["store"]["hits"] == before + 1, "the Index must come from the store"
+        from drivers import Lockstep
+
+        walk(fresh, eos, np.random.default_rng(seed), batch=batch, steps=10, width=n_ids + extra,
+             lockstep=Lockstep(fresh, cached_index=loaded))
+        PERSISTED.save_all()
+    stats = mc.stats()
+    assert stats["fallbacks"] == 0 and stats["store"]["corrupt"] == 0
