@@ -2,6 +2,7 @@
 
     outlines-maskcache bench [--quick] [--tokenizers gpt2,llama3] [--batch 1,8,32] [--json out.json] [--plot out.png]
     outlines-maskcache bench maskbench [--data DIR] [--tokenizer llama3] [--limit N] [--engines ...] [--json P] [--plot P] [--md]
+    outlines-maskcache bench setup [--sample 40] [--tokenizer llama3]
     outlines-maskcache bench vllm [--tokenizer llama3] [--batch 8,32,128] [--grammars json-dense,regex-sparse,maskbench]
     outlines-maskcache compile --tokenizer NAME_OR_PATH SCHEMA.json|PATTERN.regex|DIR ... [--timeout S] [--max-memory 8G]
     outlines-maskcache store info|clear|prune
@@ -183,6 +184,18 @@ def cmd_vllm(args: argparse.Namespace) -> int:
     return vllm.main_args(args)
 
 
+def cmd_setup(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import maskbench, setup
+
+    grammars = maskbench.sample(maskbench.load_dataset(args.data, with_tests=False), args.sample)
+    result = setup.run([g.spec for g in grammars], args.tokenizer, args.timeout)
+    setup.print_summary(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(result, summary=setup.summarize(result)), indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench.report import progress_bar, table
     from outlines_maskcache.ahead_of_time import compile_all, outlines_vocabulary, read_grammars
@@ -286,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a PNG of step time per variant here")
     bench.set_defaults(func=cmd_bench)
-    suites = bench.add_subparsers(dest="suite", metavar="{maskbench,vllm}")
+    suites = bench.add_subparsers(dest="suite", metavar="{maskbench,vllm,setup}")
     mb = suites.add_parser("maskbench", help="MaskBench replay over real schemas: TBM, TTFM, conformance")
     mb.add_argument("--data", help="MaskBench data folder (default: $MASKBENCH_DATA, ../shared/maskbench, tests/data/maskbench)")
     mb.add_argument("--tokenizer", default="llama3", help="llama3 (MaskBench's), gpt2, or a tokenizer folder")
@@ -311,6 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     vl.add_argument("--repeats", type=int, default=3)
     vl.add_argument("--json")
     vl.set_defaults(func=cmd_vllm)
+    se = suites.add_parser("setup", help="processor setup in a fresh process: stock, cold store, warm store")
+    se.add_argument("--data", help="MaskBench data folder")
+    se.add_argument("--sample", type=int, default=40, help="schemas (an evenly spread fixed sample)")
+    se.add_argument("--tokenizer", default="llama3", choices=["llama3", "gpt2"])
+    se.add_argument("--timeout", type=float, default=30.0, help="seconds per compile in the cold run")
+    se.add_argument("--json")
+    se.set_defaults(func=cmd_setup)
     comp = sub.add_parser("compile", help="compile schemas ahead of time into the grammar store")
     comp.add_argument("paths", nargs="+", help="JSON schema / MaskBench files, .regex files, or folders of them")
     comp.add_argument("--tokenizer", required=True, help="gpt2, llama3 or a local tokenizer folder")
