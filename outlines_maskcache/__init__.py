@@ -14,7 +14,7 @@ from outlines_maskcache.config import ConfigError, Settings, enabled_from_env
 from outlines_maskcache.patching import UnsupportedVersionError, install, installed_targets, is_installed, uninstall
 from outlines_maskcache.runtime import RUNTIME, disabled
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ConfigError",

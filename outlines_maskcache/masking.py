@@ -18,7 +18,7 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 import numpy as np
 
 from outlines_maskcache.kernels import Kernel, LogitsLost, kernel_for
-from outlines_maskcache.persisted_masks import words_of, write_words
+from outlines_maskcache.persisted_masks import words_of
 from outlines_maskcache.runtime import RUNTIME
 
 T = TypeVar("T")
@@ -113,27 +113,35 @@ class Masker:
         self._signature = signature
 
 
+def cached_value(key: tuple, build: Callable[[], T], nbytes: Callable[[T], int], equal: Callable[[Any, Any], bool]) -> T:
+    """The cache's value for *key* (built by the engine's own code on a miss); checked against a rebuild with ``verify=True``.
+
+    For adapters whose engine fills a whole mask row itself (vLLM's bitmask,
+    SGLang's bool mask): the row is the engine's own output for the state,
+    so serving it again is exact.
+    """
+    value = RUNTIME.cache.get_or_build(key, build, nbytes)
+    if RUNTIME.settings.verify:
+        verify_served(key, value, build(), equal)
+    return value
+
+
 def bitmask_row(fingerprint: Any, guide: Any, n_words: int) -> np.ndarray:
     """The int32 bitmask row of *guide*'s current state: cached, or written by stock's call and cached.
 
     The row engines fill with ``Guide.write_mask_into`` (vLLM's bitmask,
     MaskBench's engines); it depends only on the grammar named by
     *fingerprint* and the state (and, for a content-named grammar, is
-    persisted beside it: :mod:`outlines_maskcache.persisted_masks`).  Rows are read-only so a served row can
-    never be changed in place by a caller.
+    persisted beside it: :mod:`outlines_maskcache.persisted_masks`).  Rows
+    are read-only so a served row can never be changed in place by a caller.
     """
-    def build() -> np.ndarray:
-        return words_of(fingerprint, guide, n_words)
-
     key = (fingerprint, "cpu", guide.get_state(), n_words, "bitmask-i32")
-    row = RUNTIME.cache.get_or_build(key, build, _row_bytes)
-    if RUNTIME.settings.verify:
-        verify_served(key, row, write_words(guide, n_words), np.array_equal)
-    return row
+    # With verify=True, words_of itself checks a persisted row against a fresh write.
+    return cached_value(key, lambda: words_of(fingerprint, guide, n_words), _row_bytes, np.array_equal)
 
 
-def _row_bytes(row: np.ndarray) -> int:
-    return int(row.nbytes)
+def _row_bytes(row: Any) -> int:
+    return int(row.nbytes) if hasattr(row, "nbytes") else int(row.numel() * row.element_size())
 
 
 def masker_of(processor: Any, grammar: Any) -> Masker:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from outlines_maskcache.patching import Target
-from outlines_maskcache.targets import guide_processor, outlines_core_backend, vllm_v1
+from outlines_maskcache.targets import guide_processor, outlines_core_backend, sglang, vllm_v1
 
 TARGETS: list[Target] = [
     Target(
@@ -30,5 +30,15 @@ TARGETS: list[Target] = [
         patches=vllm_v1.patches,
         automatic=False,
         note="vLLM V1 outlines structured-output backend (fill_bitmask); loaded by vLLM's general_plugins entry point",
+    ),
+    Target(
+        name="sglang",
+        distributions=("sglang",),
+        # 0.5.11 added the sglang.srt.plugins hook that loads us in the scheduler process.
+        supported=">=0.5.11",
+        module="sglang.srt.constrained.outlines_backend",
+        patches=sglang.patches,
+        automatic=False,
+        note="SGLang outlines grammar backend (fill_vocab_mask); loaded by SGLang's sglang.srt.plugins entry point",
     ),
 ]

@@ -94,6 +94,19 @@ def _allowed_reader(guide: Any, states: list[Hashable], width: int) -> Callable[
     return allowed_of
 
 
+def allowed_by_state(guide: Any) -> bool:
+    """True when *guide*'s allowed tokens are a function of its state alone (so masks can be cached per state).
+
+    True of outlines_core 0.1's Python ``RegexGuide`` (and subclasses that
+    keep its ``get_next_instruction``); not of ``CFGGuide`` or of a subclass
+    that overrides it.
+    """
+    from outlines_core.fsm.guide import RegexGuide as CoreRegexGuide
+
+    return isinstance(guide, CoreRegexGuide) and \
+        type(guide).get_next_instruction is CoreRegexGuide.get_next_instruction
+
+
 def _private_copy(logits: Any) -> Any:
     """A copy to mask in place, for the layout whose stock leaves its input untouched."""
     if isinstance(logits, np.ndarray):
@@ -102,19 +115,10 @@ def _private_copy(logits: Any) -> Any:
 
 
 def patches(module: ModuleType) -> list[Patch]:
-    from outlines_core.fsm.guide import RegexGuide as CoreRegexGuide
-
     processor_cls = module.GuideLogitsProcessor
     guide_cls = module.RegexGuide
     stock_process = processor_cls.__dict__["process_logits"]
     stock_from_regex = guide_cls.__dict__["from_regex"]
-    core_instruction = CoreRegexGuide.get_next_instruction
-
-    def cacheable(guide: Any) -> bool:
-        # Allowed tokens must be a function of the state alone: true of the
-        # core RegexGuide's get_next_instruction, not of CFGGuide or of a
-        # subclass that overrides it.
-        return isinstance(guide, CoreRegexGuide) and type(guide).get_next_instruction is core_instruction
 
     def kernel_of(processor: Any, logits: Any) -> Kernel | None:
         kernel = kernel_for(logits)
@@ -128,7 +132,7 @@ def patches(module: ModuleType) -> list[Patch]:
         if not RUNTIME.active():
             return stock_process(self, input_ids, logits)
         kernel = kernel_of(self, logits)
-        if kernel is None or not cacheable(self.guide):
+        if kernel is None or not allowed_by_state(self.guide):
             return stock_process(self, input_ids, logits)
         adapter = getattr(self, "tensor_adapter", None)
 

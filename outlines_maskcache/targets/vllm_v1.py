@@ -44,8 +44,6 @@ than a few seconds to stop) and again at interpreter exit.
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
 import os
 from types import ModuleType
@@ -53,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from outlines_maskcache import compiled
+from outlines_maskcache import compiled, stats_file
 from outlines_maskcache.fingerprint import LOCAL_PREFIX, digest
 from outlines_maskcache.masking import bitmask_row, cached_or_stock
 from outlines_maskcache.patching import Patch
@@ -63,13 +61,9 @@ from outlines_maskcache.runtime import RUNTIME
 log = logging.getLogger("outlines_maskcache")
 
 TARGET = "vllm-v1"
-ENV_STATS_FILE = "OUTLINES_MASKCACHE_STATS_FILE"
 ENV_QUIET_ADVANCE = "OUTLINES_MASKCACHE_QUIET_ADVANCE"
 #: instance attribute carrying a compiled grammar's fingerprint
 _FINGERPRINT = "_outlines_maskcache_fingerprint"
-#: set on the first bitmask this process fills, so idle processes write no stats
-_filled = False
-_stats_registered = False
 
 
 def grammar_fingerprint(backend: Any, request_type: Any, grammar_spec: str) -> str:
@@ -134,8 +128,7 @@ def patches(module: ModuleType) -> list[Patch]:
         view = _cpu_view(bitmask)
         if view is None:
             return stock_fill(self, bitmask, idx)
-        global _filled
-        _filled = True
+        stats_file.filled()
 
         def cached() -> None:
             view[idx] = bitmask_row(fingerprint, self.guide, view.shape[1])
@@ -143,10 +136,7 @@ def patches(module: ModuleType) -> list[Patch]:
         cached_or_stock("vllm-v1 fill_bitmask", cached, lambda: stock_fill(self, bitmask, idx))
 
     def destroy(self: Any) -> Any:
-        try:
-            write_stats_file()
-        except OSError as err:
-            log.warning("outlines_maskcache: cannot write %s (%s)", ENV_STATS_FILE, err)
+        stats_file.write_safely()
         return stock_destroy(self)
 
     found = [
@@ -221,29 +211,6 @@ def _cpu_view(bitmask: Any) -> np.ndarray | None:
     return view
 
 
-def write_stats_file() -> None:
-    """Write this process's stats to ``$OUTLINES_MASKCACHE_STATS_FILE`` (``{pid}`` is expanded)."""
-    template = os.environ.get(ENV_STATS_FILE)
-    if not template or not _filled:
-        return
-    path = template.replace("{pid}", str(os.getpid()))
-    stats = dict(RUNTIME.stats(), pid=os.getpid())
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(stats, fh, default=str)
-    os.replace(tmp, path)
-
-
-def _register_stats_file() -> None:
-    global _stats_registered
-    if _stats_registered or not os.environ.get(ENV_STATS_FILE):
-        return
-    _stats_registered = True
-    # For in-process engines that exit without destroying the backend;
-    # writing twice is harmless (the newest counts win).
-    atexit.register(write_stats_file)
-
-
 def plugin() -> None:
     """vLLM's ``vllm.general_plugins`` entry point: patch the outlines backend of this process.
 
@@ -263,5 +230,5 @@ def plugin() -> None:
         log.warning("outlines_maskcache: not patching vLLM (%s: %s); structured outputs run stock", type(err).__name__, err)
         return
     if TARGET in installed:
-        _register_stats_file()
+        stats_file.register_at_exit()
         log.info("outlines_maskcache: vLLM V1 outlines backend patched in pid %d", os.getpid())

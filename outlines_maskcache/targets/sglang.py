@@ -1,0 +1,106 @@
+"""Adapter for SGLang's outlines grammar backend (``--grammar-backend outlines``).
+
+``sglang.srt.constrained.outlines_backend.OutlinesGrammar.fill_vocab_mask``
+runs per constrained request per step in the scheduler process: it builds a
+tensor from ``guide.get_next_instruction(state).tokens`` (a Python list of
+up to the whole vocabulary), copies it to the mask's device and scatters it
+into a row of a (B, V) bool mask (True = blocked).  The row depends only on
+the compiled guide and the state, and SGLang shares one guide between all
+requests with the same schema (its grammar cache hands each request a
+``copy()``), so the row is cached per (guide, state, device, width) — built
+on a miss by SGLang's own ``fill_vocab_mask`` into a scratch row, so it is
+SGLang's result by construction — and a hit is one device-side row copy.
+``fill_vocab_mask_batched`` (a loop over rows) reaches it per row.
+
+Compiled guides: SGLang compiles with outlines 0.1's ``RegexGuide.from_regex``,
+which the ``guide-processor`` target memoizes in memory and whose
+``create_states_mapping`` outlines itself caches on disk, so this target
+adds no store of its own.
+
+Loaded through SGLang's ``sglang.srt.plugins`` entry point (SGLang >= 0.5.11
+calls it in every process it starts, the scheduler included; honour
+``SGLANG_PLUGINS`` if set).  Older SGLang starts its scheduler with no
+plugin hook; they are not supported (see docs/versions.md).  Stats reach the
+user through ``OUTLINES_MASKCACHE_STATS_FILE`` (:mod:`outlines_maskcache.stats_file`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+from typing import Any
+
+from outlines_maskcache import stats_file
+from outlines_maskcache.masking import cached_or_stock, cached_value
+from outlines_maskcache.patching import Patch
+from outlines_maskcache.runtime import RUNTIME
+from outlines_maskcache.targets.guide_processor import allowed_by_state
+
+log = logging.getLogger("outlines_maskcache")
+
+TARGET = "sglang"
+
+
+def _row_bytes(row: Any) -> int:
+    return int(row.numel() * row.element_size())
+
+
+def patches(module: ModuleType) -> list[Patch]:
+    grammar_cls = module.OutlinesGrammar
+    stock_fill = grammar_cls.__dict__["fill_vocab_mask"]
+
+    def fill_vocab_mask(self: Any, vocab_mask: Any, idx: int) -> None:
+        guide = self.guide
+        if not RUNTIME.active() or not allowed_by_state(guide) or getattr(vocab_mask, "dim", lambda: 0)() != 2:
+            return stock_fill(self, vocab_mask, idx)
+        stats_file.filled()
+
+        def cached() -> None:
+            width = vocab_mask.shape[1]
+            device = vocab_mask.device
+
+            def build() -> Any:
+                # SGLang's own fill, into a scratch row of the same shape, dtype and device.
+                scratch = vocab_mask.new_zeros((1, width))
+                stock_fill(self, scratch, 0)
+                return scratch[0]
+
+            key = (RUNTIME.fingerprint(guide), str(device), self.state, width, str(vocab_mask.dtype), "sglang-row")
+            row = cached_value(key, build, _row_bytes, _equal)
+            vocab_mask[idx].copy_(row, non_blocking=True)
+
+        # A fault before the copy leaves the row as it was; stock then overwrites it whole.
+        cached_or_stock("sglang fill_vocab_mask", cached, lambda: stock_fill(self, vocab_mask, idx))
+
+    return [Patch(grammar_cls, "fill_vocab_mask", fill_vocab_mask)]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def plugin() -> None:
+    """SGLang's ``sglang.srt.plugins`` entry point: patch the outlines grammar backend of this process.
+
+    Fails soft: SGLang must start even with a layout we do not know (or
+    without outlines installed), so every problem is a log line and SGLang
+    runs stock.
+    """
+    from outlines_maskcache.config import enabled_from_env
+
+    if not enabled_from_env():
+        log.info("outlines_maskcache: OUTLINES_MASKCACHE is off; SGLang runs stock grammar masks")
+        return
+    try:
+        from outlines_maskcache.patching import install
+
+        installed = install(targets=[TARGET])
+    except Exception as err:  # noqa: BLE001 - an unknown layout must not stop SGLang
+        log.warning("outlines_maskcache: not patching SGLang (%s: %s); grammar masks run stock", type(err).__name__, err)
+        return
+    if TARGET in installed:
+        stats_file.register_at_exit()
+        log.info("outlines_maskcache: SGLang outlines grammar backend patched in pid %d", os.getpid())
