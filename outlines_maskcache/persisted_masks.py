@@ -33,6 +33,10 @@ _MAGIC = b"OMCMASKS"
 _HEAD = struct.Struct("<8sIIQ")
 #: grammars whose rows a process keeps in this layer at once
 _MAX_GRAMMARS = 64
+#: bytes of rows persisted per grammar: a grammar visited in tens of
+#: thousands of states would otherwise write hundreds of MB (16 KiB a row at
+#: 128k tokens); rows past the cap are cached in memory only
+MAX_GRAMMAR_BYTES = 64 << 20
 #: save once this many rows are new and they are at least this share of the known ones
 _SAVE_AFTER = 64
 _SAVE_SHARE = 0.25
@@ -117,7 +121,7 @@ class PersistedMasks:
 
     def learned(self, rows: GrammarRows, state: int, row: np.ndarray) -> None:
         with rows.lock:
-            if state in rows.rows:
+            if state in rows.rows or (len(rows.rows) + 1) * row.nbytes > MAX_GRAMMAR_BYTES:
                 return
             rows.rows[state] = row
             rows.new += 1

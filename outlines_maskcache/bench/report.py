@@ -28,11 +28,25 @@ def table(title: str, headers: list[str], rows: list[list[str]]) -> None:
 
 @contextlib.contextmanager
 def progress_bar(total: int, label: str) -> Iterator[Callable[..., None]]:
-    """A callable that advances a rich progress bar by one (or by ``n``); silent without rich."""
+    """A callable that advances a rich progress bar by one (or by ``n``).
+
+    Off a terminal (a log file, CI) and without rich it prints a plain line
+    at every 5% instead, so a long run can be followed with ``tail``.
+    """
     try:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        yield lambda n=1: None
+        Progress = None  # type: ignore[assignment]
+    if Progress is None or not sys.stdout.isatty():
+        done = [0]
+        step = max(1, total // 20)
+
+        def advance(n: int = 1) -> None:
+            before, done[0] = done[0], done[0] + n
+            if done[0] // step != before // step or done[0] == total:
+                print(f"{label}: {done[0]}/{total}", file=sys.stderr, flush=True)
+
+        yield advance
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    transient=True)
