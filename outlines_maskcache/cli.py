@@ -2,6 +2,7 @@
 
     outlines-maskcache bench [--quick] [--tokenizers gpt2,llama3] [--batch 1,8,32] [--json out.json] [--plot out.png]
     outlines-maskcache bench maskbench [--data DIR] [--tokenizer llama3] [--limit N] [--engines ...] [--json P] [--plot P] [--md]
+    outlines-maskcache bench sglang [--tokenizers gpt2,llama3]
     outlines-maskcache bench setup [--sample 40] [--tokenizer llama3]
     outlines-maskcache bench vllm [--tokenizer llama3] [--batch 8,32,128] [--grammars json-dense,regex-sparse,maskbench]
     outlines-maskcache compile --tokenizer NAME_OR_PATH SCHEMA.json|PATTERN.regex|DIR ... [--timeout S] [--max-memory 8G]
@@ -196,6 +197,16 @@ def cmd_setup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sglang(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import sglang
+
+    rows = sglang.run(tuple(args.tokenizers), args.repeats)
+    sglang.print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench.report import progress_bar, table
     from outlines_maskcache.ahead_of_time import compile_all, outlines_vocabulary, read_grammars
@@ -299,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a PNG of step time per variant here")
     bench.set_defaults(func=cmd_bench)
-    suites = bench.add_subparsers(dest="suite", metavar="{maskbench,vllm,setup}")
+    suites = bench.add_subparsers(dest="suite", metavar="{maskbench,vllm,setup,sglang}")
     mb = suites.add_parser("maskbench", help="MaskBench replay over real schemas: TBM, TTFM, conformance")
     mb.add_argument("--data", help="MaskBench data folder (default: $MASKBENCH_DATA, ../shared/maskbench, tests/data/maskbench)")
     mb.add_argument("--tokenizer", default="llama3", help="llama3 (MaskBench's), gpt2, or a tokenizer folder")
@@ -331,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     se.add_argument("--timeout", type=float, default=30.0, help="seconds per compile in the cold run")
     se.add_argument("--json")
     se.set_defaults(func=cmd_setup)
+    sg = suites.add_parser("sglang", help="SGLang fill_vocab_mask per row, stock vs cached (needs sglang)")
+    sg.add_argument("--tokenizers", type=_csv(str), default=["gpt2", "llama3"])
+    sg.add_argument("--repeats", type=int, default=200)
+    sg.add_argument("--json")
+    sg.set_defaults(func=cmd_sglang)
     comp = sub.add_parser("compile", help="compile schemas ahead of time into the grammar store")
     comp.add_argument("paths", nargs="+", help="JSON schema / MaskBench files, .regex files, or folders of them")
     comp.add_argument("--tokenizer", required=True, help="gpt2, llama3 or a local tokenizer folder")
