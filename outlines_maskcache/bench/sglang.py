@@ -24,7 +24,6 @@ STATES = {
 
 
 def run(tokenizers: tuple[str, ...] = ("gpt2", "llama3"), repeats: int = 200) -> list[dict[str, Any]]:
-    import torch
     from sglang.srt.constrained.outlines_backend import OutlinesGrammarBackend
 
     import outlines_maskcache as mc

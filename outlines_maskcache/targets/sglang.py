@@ -26,8 +26,6 @@ user through ``OUTLINES_MASKCACHE_STATS_FILE`` (:mod:`outlines_maskcache.stats_f
 
 from __future__ import annotations
 
-import logging
-import os
 from types import ModuleType
 from typing import Any
 
@@ -36,8 +34,6 @@ from outlines_maskcache.masking import cached_or_stock, cached_value
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.runtime import RUNTIME
 from outlines_maskcache.targets.guide_processor import allowed_by_state
-
-log = logging.getLogger("outlines_maskcache")
 
 TARGET = "sglang"
 
@@ -89,18 +85,4 @@ def plugin() -> None:
     without outlines installed), so every problem is a log line and SGLang
     runs stock.
     """
-    from outlines_maskcache.config import enabled_from_env
-
-    if not enabled_from_env():
-        log.info("outlines_maskcache: OUTLINES_MASKCACHE is off; SGLang runs stock grammar masks")
-        return
-    try:
-        from outlines_maskcache.patching import install
-
-        installed = install(targets=[TARGET])
-    except Exception as err:  # noqa: BLE001 - an unknown layout must not stop SGLang
-        log.warning("outlines_maskcache: not patching SGLang (%s: %s); grammar masks run stock", type(err).__name__, err)
-        return
-    if TARGET in installed:
-        stats_file.register_at_exit()
-        log.info("outlines_maskcache: SGLang outlines grammar backend patched in pid %d", os.getpid())
+    stats_file.engine_plugin(TARGET, "SGLang")

@@ -44,7 +44,6 @@ than a few seconds to stop) and again at interpreter exit.
 
 from __future__ import annotations
 
-import logging
 import os
 from types import ModuleType
 from typing import Any
@@ -57,8 +56,6 @@ from outlines_maskcache.masking import bitmask_row, cached_or_stock
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.quiet_guide import QuietGuide
 from outlines_maskcache.runtime import RUNTIME
-
-log = logging.getLogger("outlines_maskcache")
 
 TARGET = "vllm-v1"
 ENV_QUIET_ADVANCE = "OUTLINES_MASKCACHE_QUIET_ADVANCE"
@@ -217,18 +214,4 @@ def plugin() -> None:
     Fails soft: vLLM must start even when its layout is one we do not know,
     so every problem is a log message and vLLM runs stock.
     """
-    from outlines_maskcache.config import enabled_from_env
-
-    if not enabled_from_env():
-        log.info("outlines_maskcache: OUTLINES_MASKCACHE is off; vLLM runs stock structured outputs")
-        return
-    try:
-        from outlines_maskcache.patching import install
-
-        installed = install(targets=[TARGET])
-    except Exception as err:  # noqa: BLE001 - an unknown layout must not stop vLLM
-        log.warning("outlines_maskcache: not patching vLLM (%s: %s); structured outputs run stock", type(err).__name__, err)
-        return
-    if TARGET in installed:
-        stats_file.register_at_exit()
-        log.info("outlines_maskcache: vLLM V1 outlines backend patched in pid %d", os.getpid())
+    stats_file.engine_plugin(TARGET, "vLLM")
