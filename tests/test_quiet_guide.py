@@ -100,6 +100,8 @@ def test_other_attributes_delegate():
 
 def test_real_guide_states_equal_stock():
     oc = pytest.importorskip("outlines_core")
+    if not hasattr(oc, "Guide"):
+        pytest.skip("outlines_core < 0.2 has no Rust Guide (vLLM uses >= 0.2)")
     vocab = oc.Vocabulary(9, {"a": [1], "b": [2], "ab": [3], "x": [4]})
     index = oc.Index(r"(ab|a)b*x", vocab)
     quiet, stock = QuietGuide(oc.Guide(index)), oc.Guide(index)

@@ -9,3 +9,7 @@ PYTHON=.venv/bin/python bash scripts/fetch_schemas.sh
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 .venv/bin/python -m pytest -q tests --ignore=tests/engines --junitxml="$reports/main-outlines-1.3.3.xml"
 .venv/bin/outlines-maskcache bench --quick --compile --memory --json "$reports/bench-quick.json" --plot "$reports/bench-quick.png"
+# The MaskBench replay through its command, on three real schemas (conformance is asserted: exit 1 on any disagreement).
+OUTLINES_MASKCACHE_STORE="$reports/store" .venv/bin/outlines-maskcache bench maskbench --sample 3 --tokenizer gpt2 --timeout 60 \
+    --engines outlines,maskcache,maskcache-warm,maskcache-stored,outlines-logits,maskcache-logits,llguidance,xgrammar \
+    --json "$reports/maskbench-quick.json" --plot "$reports/maskbench-quick.png"
