@@ -65,7 +65,7 @@ def _grammars(names: list[str], schemas_dir: str | None, n_schemas: int) -> list
             from outlines_maskcache.bench.maskbench import load_dataset
 
             picked = [s for s in load_dataset(schemas_dir) if s.name.startswith("Glaiveai2K")][:n_schemas]
-            found.extend((f"maskbench:{s.name}", {"json": json.dumps(s.schema)}) for s in picked)
+            found.extend((f"maskbench:{s.name}", {"json": s.spec}) for s in picked)
         else:
             raise ValueError(f"unknown grammar {name!r} (json-dense, regex-sparse, maskbench)")
     return [(n, None if spec is None else {"structured_outputs": StructuredOutputsParams(**spec)}) for n, spec in found]
