@@ -17,7 +17,8 @@ Engines, interleaved per schema in one run:
   in-process cache dropped, rows loaded from the store's persisted masks);
 * ``outlines-logits`` / ``maskcache-logits``: outlines 1.x's logits
   processor step at B=1 on fp32 logits, stock vs cached;
-* ``llguidance`` and ``xgrammar``: their matchers filling the same bitmask.
+* ``llguidance`` and ``xgrammar``: their matchers filling the same bitmask,
+  on the same schemas (those outlines_core compiled).
 
 Conformance is checked on the way, at every token: the cached bitmask equals
 stock's bit for bit, the cached logits equal stock's, and stock and cached
@@ -334,8 +335,9 @@ def run(data: str | None = None, tokenizer_name: str = "llama3", limit: int | No
                             result.engines[engine].ttfm_us.append((time.perf_counter() - t0) * 1e6)
                 outcome.index = None
                 _replay_schema(result, grammar, index, hf, width, engines, check, words, bitmask, vocab_key)
-            for name, engine in externals.items():
-                _replay_external(result, name, engine, grammar, hf)
+                # The other engines on the same schemas (those outlines compiled), so every TBM row covers one set.
+                for name, engine in externals.items():
+                    _replay_external(result, name, engine, grammar, hf)
             if progress:
                 progress()
     return result
