@@ -127,6 +127,8 @@ class Worker:
 
     def _died(self, err: BaseException) -> CompileFailed:
         proc = self._proc
+        if proc is not None and proc.poll() is None:  # a garbled frame from a live worker: end it
+            proc.kill()
         code = proc.wait() if proc is not None else None
         log_text = ""
         if self._stderr is not None:
