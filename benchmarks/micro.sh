@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Per-step processor time, stock vs cached (warm and cold) vs xgrammar /
-# llguidance vs the add_ floor, at V = 50k (GPT-2) and 128k (Llama-3.2),
-# B = 1, 8, 32, measured interleaved in one run.  Writes JSON and a plot.
+# llguidance vs the floors, in the realistic (cache-evicting) loop, at V = 50k (GPT-2) and 128k (Llama-3.2),
+# B = 1, 8, 32, greedy and random walks, interleaved in one run.  Writes JSON and a plot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-bench-out}"; mkdir -p "$out"

@@ -4,6 +4,8 @@
     outlines-maskcache bench maskbench [--data DIR] [--tokenizer llama3] [--limit N] [--engines ...] [--json P] [--plot P] [--md]
     outlines-maskcache bench sglang [--tokenizers gpt2,llama3]
     outlines-maskcache bench setup [--sample 40] [--tokenizer llama3]
+    outlines-maskcache bench e2e [--model head128k,smollm2] [--batch 1,8] [--rounds 15]
+    outlines-maskcache bench e2e --schemas DIR [--engines llamacpp,transformers] [-n 20] [--match Glaive]
     outlines-maskcache bench vllm [--tokenizer llama3] [--batch 8,32,128] [--grammars json-dense,regex-sparse,maskbench]
     outlines-maskcache compile --tokenizer NAME_OR_PATH SCHEMA.json|PATTERN.regex|DIR ... [--timeout S] [--max-memory 8G]
     outlines-maskcache store info|clear|prune
@@ -53,18 +55,20 @@ def print_micro(cases: list) -> None:
     except ImportError:
         Console = Table = None  # type: ignore[assignment]
     present = [v for v in VARIANTS if any(v in c.median_us for c in cases)]
-    headers = ["tokenizer", "grammar", "B", "V"] + [f"{v} µs" for v in present] + ["warm/floor", "stock/warm"]
+    headers = ["tokenizer", "grammar", "walk", "B", "V"] + [f"{v} µs" for v in present] \
+        + ["warm/floor", "warm/floor-rows", "stock/warm"]
     rows = []
     for c in cases:
-        rows.append([c.tokenizer, c.grammar, str(c.batch), f"{c.vocab:,}"]
+        rows.append([c.tokenizer, c.grammar, c.walk, str(c.batch), f"{c.vocab:,}"]
                     + [_fmt(c.median_us.get(v)) for v in present]
-                    + [_fmt(c.ratio("cached-warm", "floor"), "x"), _fmt(c.ratio("stock", "cached-warm"), "x")])
+                    + [_fmt(c.ratio("cached-warm", "floor"), "x"), _fmt(c.ratio("cached-warm", "floor-rows"), "x"),
+                       _fmt(c.ratio("stock", "cached-warm"), "x")])
     if Table is None:
         print("\t".join(headers))
         for row in rows:
             print("\t".join(row))
         return
-    table = Table(title="per-step processor time (median)")
+    table = Table(title=f"per-step processor time (median), {cases[0].loop if cases else ''} loop")
     for h in headers:
         table.add_column(h, justify="right")
     for row in rows:
@@ -84,7 +88,7 @@ def plot_micro(cases: list, path: Path) -> None:
     for ax, grammar in zip(axes[0], grammars):
         subset = [c for c in cases if c.grammar == grammar]
         variants = sorted({v for c in subset for v in c.median_us})
-        labels = [f"{c.tokenizer}\nB={c.batch}" for c in subset]
+        labels = [f"{c.tokenizer} {c.walk}\nB={c.batch}" for c in subset]
         width = 0.8 / max(1, len(variants))
         for k, variant in enumerate(variants):
             xs = [i + k * width for i in range(len(subset))]
@@ -102,12 +106,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench import micro
 
     if args.quick:
-        args.tokenizers, args.batch, args.steps, args.repeats = ["gpt2"], [1, 8], 6, 1
+        args.tokenizers, args.batch, args.steps, args.repeats, args.walks = ["gpt2"], [1, 8], 6, 1, ["greedy"]
     results: dict[str, Any] = {"settings": vars(args).copy()}
-    advance, stop = _progress(len(args.tokenizers) * 2 * len(args.batch) * args.repeats * len(micro.VARIANTS))
+    advance, stop = _progress(len(args.tokenizers) * 2 * len(args.batch) * len(args.walks) * args.repeats
+                              * len(micro.VARIANTS))
     try:
         cases = micro.run(args.tokenizers, list(micro.GRAMMARS), args.batch, args.steps, args.repeats,
-                          device=args.device, progress_factory=lambda total: advance)
+                          device=args.device, progress_factory=lambda total: advance, loop=args.loop,
+                          walks=tuple(args.walks))
     finally:
         stop()
     print_micro(cases)
@@ -207,6 +213,48 @@ def cmd_sglang(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_e2e(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import paired
+    from outlines_maskcache.bench.report import progress_bar
+
+    if args.schemas:
+        return _e2e_schemas(args)
+    rows = []
+    with progress_bar(len(args.model) * len(args.batch) * args.rounds * 5, "generate rounds") as advance:
+        for name in args.model:
+            rows += paired.run_model(name, args.batch, args.rounds, args.new_tokens, progress=advance)
+    paired.print_rows(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(paired.as_json(rows), indent=2))
+        print(f"wrote {args.json}")
+    return 0 if all(all(r.same_as_stock.values()) for r in rows) else 1
+
+
+def _e2e_schemas(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import jsonschemabench as jsb
+    from outlines_maskcache.bench import maskbench
+    from outlines_maskcache.bench.e2e import _hf_smollm2
+    from outlines_maskcache.bench.report import progress_bar
+
+    try:
+        grammars = maskbench.load_dataset(args.schemas, with_tests=False)
+    except FileNotFoundError as err:
+        raise SystemExit(f"outlines-maskcache: {err}") from None
+    _, hf_tokenizer = _hf_smollm2()
+    chosen, left = jsb.select(grammars, args.n, args.match, args.timeout, args.max_memory, hf_tokenizer)
+    if not chosen:
+        raise SystemExit("outlines-maskcache: no schema compiled within the limits")
+    with progress_bar(len(args.engines) * len(jsb.SETUPS), "setups (one process each)") as advance:
+        results = jsb.run([g.spec for g in chosen], tuple(args.engines), args.max_tokens, progress=advance)
+    rows = jsb.summarize(results)
+    jsb.print_summary(rows, len(chosen), left)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"schemas": [g.name for g in chosen], "left_out": left,
+                                               "summary": rows, "raw": results}, indent=2))
+        print(f"wrote {args.json}")
+    return 1 if any("skipped" in r for r in rows) else 0  # an engine asked for and not run is a failure
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench.report import progress_bar, table
     from outlines_maskcache.ahead_of_time import compile_all, outlines_vocabulary, read_grammars
@@ -259,10 +307,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench import micro
 
     print("outlines-maskcache demo: JSON schema with string fields, GPT-2 tokenizer (50,257), batch 1 and 8")
-    cases = micro.run(["gpt2"], ["json-dense"], [1, 8], steps=args.steps, repeats=2, variants=("floor", "stock", "cached-warm"))
+    cases = micro.run(["gpt2"], ["json-dense"], [1, 8], steps=args.steps, repeats=2,
+                      variants=("floor", "stock", "cached-warm"), walks=("greedy",))
     for c in cases:
         print(f"B={c.batch}: stock {c.median_us['stock']:,.0f} µs/step, cached {c.median_us['cached-warm']:,.0f} µs/step "
-              f"({c.ratio('stock', 'cached-warm'):.1f}x faster; floor add_ {c.median_us['floor']:,.0f} µs)")
+              f"({c.ratio('stock', 'cached-warm'):.1f}x faster; floor {c.median_us['floor']:,.0f} µs, realistic loop)")
     from outlines_maskcache.bench import e2e
 
     same, text = e2e.identical_generation("gpt2")
@@ -301,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--steps", type=int, default=24)
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--device", default="cpu")
+    bench.add_argument("--loop", choices=["realistic", "hot"], default="realistic",
+                       help="realistic: a cache-evicting sweep and fresh logits before every step (default); hot: neither")
+    bench.add_argument("--walks", type=_csv(str), default=["greedy", "random"],
+                       help="greedy (argmax) and/or random (seeded draws that keep rows moving between states)")
     bench.add_argument("--quick", action="store_true", help="a few seconds: proves the benchmark works")
     bench.add_argument("--e2e", action="store_true", help="also tokens/s of SmolLM2-135M end to end")
     bench.add_argument("--engines", type=_csv(str), default=["transformers", "llamacpp"])
@@ -347,6 +400,22 @@ def main(argv: list[str] | None = None) -> int:
     sg.add_argument("--repeats", type=int, default=200)
     sg.add_argument("--json")
     sg.set_defaults(func=cmd_sglang)
+    e2e = suites.add_parser("e2e", help="transformers generate: constrained / unconstrained tok/s with 95%% CIs")
+    e2e.add_argument("--model", type=_csv(str), default=["head128k"], help="head128k (2 layers, 128k head), smollm2")
+    e2e.add_argument("--batch", type=_csv(int), default=[1, 8])
+    e2e.add_argument("--rounds", type=int, default=15, help="interleaved rounds (every variant once each)")
+    e2e.add_argument("--new-tokens", type=int, default=32)
+    e2e.add_argument("--json")
+    e2e.add_argument("--schemas", metavar="DIR",
+                     help="JSONSchemaBench style instead: TTFT/TPOT of SmolLM2-135M over the schemas in DIR "
+                          "(MaskBench/JSONSchemaBench files or plain schemas), stock / cold / warm store")
+    e2e.add_argument("--engines", type=_csv(str), default=["llamacpp", "transformers"], help="with --schemas")
+    e2e.add_argument("-n", type=int, default=20, help="with --schemas: how many schemas")
+    e2e.add_argument("--match", default="Glaive", help="with --schemas: only names containing this ('' for all)")
+    e2e.add_argument("--max-tokens", type=int, default=48, help="with --schemas")
+    e2e.add_argument("--timeout", type=float, default=20.0, help="with --schemas: compile limit per schema (s)")
+    e2e.add_argument("--max-memory", type=_size, default=6 << 30, help="with --schemas: memory cap per compile")
+    e2e.set_defaults(func=cmd_e2e)
     comp = sub.add_parser("compile", help="compile schemas ahead of time into the grammar store")
     comp.add_argument("paths", nargs="+", help="JSON schema / MaskBench files, .regex files, or folders of them")
     comp.add_argument("--tokenizer", required=True, help="gpt2, llama3 or a local tokenizer folder")

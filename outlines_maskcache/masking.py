@@ -135,9 +135,10 @@ def bitmask_row(fingerprint: Any, guide: Any, n_words: int) -> np.ndarray:
     persisted beside it: :mod:`outlines_maskcache.persisted_masks`).  Rows
     are read-only so a served row can never be changed in place by a caller.
     """
-    key = (fingerprint, "cpu", guide.get_state(), n_words, "bitmask-i32")
+    state = guide.get_state()
+    key = (fingerprint, "cpu", state, n_words, "bitmask-i32")
     # With verify=True, words_of itself checks a persisted row against a fresh write.
-    return cached_value(key, lambda: words_of(fingerprint, guide, n_words), _row_bytes, np.array_equal)
+    return cached_value(key, lambda: words_of(fingerprint, guide, n_words, state), _row_bytes, np.array_equal)
 
 
 def _row_bytes(row: Any) -> int:

@@ -7,7 +7,9 @@ named by its *content* (never an identity token, which means nothing in
 another process) gets one store entry holding the int32 bitmask rows of the
 states visited so far; a process loads it on first use of the grammar and
 saves it back, merged with what other processes added, once it has learned
-enough new rows and at exit.
+enough new rows and at exit.  Saves mid-run happen on a background thread:
+a save re-reads, merges, encodes and hashes up to 64 MiB, which on the
+decoding thread showed as the first pass's worst per-token times.
 
 Entry payload (all little-endian), verified again after the store's checksum:
 ``b"OMCMASKS"``, u32 words per row, u32 reserved, u64 row count, then the
@@ -18,6 +20,7 @@ numpy views of the verified bytes.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import struct
 import threading
@@ -28,6 +31,8 @@ import numpy as np
 
 from outlines_maskcache.fingerprint import is_content
 from outlines_maskcache.runtime import RUNTIME
+
+log = logging.getLogger("outlines_maskcache")
 
 _MAGIC = b"OMCMASKS"
 _HEAD = struct.Struct("<8sIIQ")
@@ -87,6 +92,9 @@ class PersistedMasks:
         self._lock = threading.Lock()
         self._grammars: OrderedDict[tuple[str, int], GrammarRows] = OrderedDict()
         self._atexit = False
+        #: grammars with a save due, in the order they became due (the saver thread drains it)
+        self._due: dict[int, GrammarRows] = {}
+        self._saver: threading.Thread | None = None
 
     def grammar(self, fingerprint: Any, n_words: int) -> GrammarRows | None:
         """The rows of a content-named grammar (loaded on first use); None when nothing can be persisted."""
@@ -96,11 +104,13 @@ class PersistedMasks:
         if store is None:
             return None
         slot = (fingerprint, n_words)
-        with self._lock:
-            found = self._grammars.get(slot)
-            if found is not None:
+        found = self._grammars.get(slot)  # the per-token path: no lock (a dict read is atomic)
+        if found is not None:
+            try:
                 self._grammars.move_to_end(slot)
-                return found
+            except KeyError:  # evicted by another thread just now: still valid to serve
+                pass
+            return found
         found = GrammarRows(fingerprint, n_words)
         key = found.key()
         data = store.get(key)
@@ -113,7 +123,7 @@ class PersistedMasks:
             found = self._grammars.setdefault(slot, found)
             while len(self._grammars) > _MAX_GRAMMARS:
                 _, gone = self._grammars.popitem(last=False)
-                self._save(gone)
+                self._schedule(gone)
             if not self._atexit:
                 atexit.register(self.save_all)
                 self._atexit = True
@@ -127,7 +137,28 @@ class PersistedMasks:
             rows.new += 1
             due = rows.new >= _SAVE_AFTER and rows.new >= _SAVE_SHARE * len(rows.rows)
         if due:
-            self._save(rows)
+            with self._lock:
+                self._schedule(rows)
+
+    def _schedule(self, rows: GrammarRows) -> None:
+        """Queue a save for the saver thread (started when idle).  Caller holds ``_lock``."""
+        self._due[id(rows)] = rows
+        if self._saver is None:
+            self._saver = threading.Thread(target=self._drain, name="outlines-maskcache-mask-saver", daemon=True)
+            self._saver.start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._due:
+                    self._saver = None
+                    return
+                _, rows = self._due.popitem()
+            try:
+                self._save(rows)
+            except Exception as err:  # noqa: BLE001 - a failed save is only a colder restart
+                log.warning("outlines_maskcache: saving mask rows failed (%s: %s); a restart will be colder",
+                            type(err).__name__, err)
 
     def forget(self, rows: GrammarRows) -> None:
         """Drop a grammar whose persisted rows failed verification (here and in the store)."""
@@ -156,8 +187,15 @@ class PersistedMasks:
         RUNTIME.cache.count("mask_rows_saved", len(merged))
 
     def save_all(self) -> None:
+        """Save every grammar with new rows now (at exit, and for tests); waits for a save in flight."""
+        with self._lock:
+            saver = self._saver
+        if saver is not None and saver is not threading.current_thread():
+            saver.join()  # it drains the queue; what is left below has rows learned since
         with self._lock:
             grammars = list(self._grammars.values())
+            grammars += [r for r in self._due.values() if all(r is not g for g in grammars)]
+            self._due.clear()
         for rows in grammars:
             try:
                 self._save(rows)
@@ -165,11 +203,19 @@ class PersistedMasks:
                 pass
 
     def clear(self) -> None:
+        """Forget every grammar; a save in flight finishes first, queued ones are dropped."""
         with self._lock:
             self._grammars.clear()
+            self._due.clear()
+            saver = self._saver
+        if saver is not None and saver is not threading.current_thread():
+            saver.join()
 
     def after_fork(self) -> None:
+        # The saver thread did not survive the fork; what it had queued is saved at the child's exit.
         self._lock = threading.Lock()
+        self._saver = None
+        self._due = {}
         for rows in self._grammars.values():
             rows.lock = threading.Lock()
 
@@ -180,13 +226,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=PERSISTED.after_fork)
 
 
-def words_of(fingerprint: Any, guide: Any, n_words: int) -> np.ndarray:
+def words_of(fingerprint: Any, guide: Any, n_words: int, state: int | None = None) -> np.ndarray:
     """The int32 bitmask words of *guide*'s state: persisted, else stock's ``write_mask_into`` (then persisted).
 
+    *state* is ``guide.get_state()`` when the caller already read it.
     Returned arrays are read-only.
     """
     rows = PERSISTED.grammar(fingerprint, n_words)
-    state = guide.get_state()
+    if state is None:
+        state = guide.get_state()
     if rows is not None:
         found = rows.rows.get(state)
         if found is not None:

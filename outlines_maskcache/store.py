@@ -90,10 +90,17 @@ class Store:
 
     # -- reads ---------------------------------------------------------
     def get(self, key: str) -> bytes | None:
-        """The verified payload stored under *key*, or None (a miss)."""
+        """The verified payload stored under *key*, or None (a miss).
+
+        The header and the payload are read separately, so the payload is
+        the ``bytes`` object read, never a slice copy of the file (~0.3 s at
+        350 MB) nor a memoryview (outlines_core's ``from_binary`` takes a
+        memoryview 2.5x slower than bytes).
+        """
         path = self._path(key)
         try:
             with open(path, "rb") as fh:
+                header = fh.read(_HEADER.size)
                 data = fh.read()
         except FileNotFoundError:
             self._count(misses=1)
@@ -102,7 +109,7 @@ class Store:
             self._count(misses=1, errors=1)
             self._warn_once("read", f"cannot read {path} ({err}); treated as a miss")
             return None
-        payload = _verified(data, key)
+        payload = _verified(header, data, key)
         if payload is None:
             self._count(misses=1, corrupt=1)
             self._warn_once(f"corrupt:{key}", f"store entry {path} failed verification; deleted, will be rebuilt")
@@ -278,16 +285,15 @@ def _sha(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _verified(data: bytes, key: str) -> bytes | None:
-    """The payload of an entry file if every check passes, else None."""
-    if len(data) < _HEADER.size:
+def _verified(header: bytes, payload: bytes, key: str) -> bytes | None:
+    """*payload* if the entry's header is ours, of this format and of *key*, and its length and digest match."""
+    if len(header) < _HEADER.size:
         return None
-    magic, fmt, length, key_sha, payload_sha = _HEADER.unpack_from(data)
-    if magic != MAGIC or fmt != FORMAT or length != len(data) - _HEADER.size:
+    magic, fmt, length, key_sha, payload_sha = _HEADER.unpack_from(header)
+    if magic != MAGIC or fmt != FORMAT or length != len(payload):
         return None
     if key_sha != _sha(key.encode()):
         return None  # a valid entry of another key, copied or renamed here
-    payload = data[_HEADER.size:]
     if _sha(payload) != payload_sha:
         return None
     return payload

@@ -453,3 +453,47 @@ def test_stored_grammars_and_persisted_masks_equal_stock(regex, vocab, seed, bat
         PERSISTED.save_all()
     stats = mc.stats()
     assert stats["fallbacks"] == 0 and stats["store"]["corrupt"] == 0
+
+
+class _WordsGuide:
+    """Just what ``words_of`` uses of an outlines_core Guide: a state and stock's bitmask write."""
+
+    def __init__(self, state: int) -> None:
+        self.state = state
+
+    def get_state(self) -> int:
+        return self.state
+
+    def write_mask_into(self, address: int, n_words: int, itemsize: int) -> None:
+        import ctypes
+
+        row = (ctypes.c_int32 * n_words).from_address(address)
+        for i in range(n_words):
+            row[i] = (self.state * 2654435761 + i) & 0x7FFFFFFF
+
+
+def test_mask_rows_are_saved_off_the_decoding_thread_and_reloaded(tmp_path, monkeypatch):
+    import numpy as np
+
+    from outlines_maskcache import persisted_masks
+    from outlines_maskcache.persisted_masks import PERSISTED, words_of
+
+    mc.configure(store=str(tmp_path / "store"))
+    saved_on = []
+    real_save = PERSISTED._save
+    monkeypatch.setattr(PERSISTED, "_save", lambda rows: (saved_on.append(threading.current_thread().name),
+                                                          real_save(rows)))
+    fingerprint = "vocab:" + "ef" * 32
+    try:
+        PERSISTED.clear()
+        rows = [words_of(fingerprint, _WordsGuide(s), 8) for s in range(persisted_masks._SAVE_AFTER)]
+        PERSISTED.save_all()  # joins the saver thread the last new row started
+        assert saved_on and saved_on[0] == "outlines-maskcache-mask-saver"
+        PERSISTED.clear()
+        mc.reset_stats()
+        again = [words_of(fingerprint, _WordsGuide(s), 8) for s in range(persisted_masks._SAVE_AFTER)]
+        assert mc.stats()["persisted_rows"] == persisted_masks._SAVE_AFTER
+        assert mc.stats().get("mask_writes", 0) == 0
+        assert all(np.array_equal(a, b) for a, b in zip(rows, again))
+    finally:
+        PERSISTED.clear()

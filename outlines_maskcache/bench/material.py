@@ -56,11 +56,14 @@ def llama3_tokenizer():
     return tok
 
 
-def tiny_model(tokenizer, arch: str = "gpt2", seed: int = 0, extra_vocab: int = 0):
+def tiny_model(tokenizer, arch: str = "gpt2", seed: int = 0, extra_vocab: int = 0, hidden: int = 64,
+               layers: int = 1):
     """A randomly initialised causal LM over a real tokenizer's vocabulary.
 
     *extra_vocab* widens the output layer past the tokenizer (as many real
     checkpoints do) so the tests see logits wider than the vocabulary.
+    *hidden* and *layers* size the llama body (benchmarks give the output
+    head a realistic share of the step).
     """
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -72,8 +75,8 @@ def tiny_model(tokenizer, arch: str = "gpt2", seed: int = 0, extra_vocab: int = 
                             eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
         model = GPT2LMHeadModel(config)
     else:
-        config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                              eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
                              pad_token_id=tokenizer.pad_token_id)
         model = LlamaForCausalLM(config)

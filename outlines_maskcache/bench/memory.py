@@ -27,7 +27,7 @@ def budget_walk(tokenizer_name: str, states: int, budget: int, chars: str = "let
     from outlines import backends
 
     from outlines_maskcache.bench.material import tokenizer
-    from outlines_maskcache.bench.micro import logits_pool, outlines_model
+    from outlines_maskcache.bench.micro import Loop, outlines_model
 
     model = outlines_model(tokenizer(tokenizer_name))
     width = int(model.model.config.vocab_size)
@@ -41,7 +41,7 @@ def budget_walk(tokenizer_name: str, states: int, budget: int, chars: str = "let
     mc.reset_stats()
     mc.configure(max_bytes=budget, **({} if sparse_below is None else {"sparse_below": sparse_below}))
     try:
-        pool = logits_pool(batch, width, torch.device("cpu"))
+        pool = Loop("hot", batch, width, torch.device("cpu")).pool
         ids = torch.zeros(batch, 1, dtype=torch.long)
         peak, seen = 0, set()
         for steps in range(1, states + 1):

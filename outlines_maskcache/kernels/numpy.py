@@ -14,7 +14,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from outlines_maskcache.kernels import LogitsLost, allowed_from_ids, is_sparse
+from outlines_maskcache.kernels import LogitsLost, allowed_from_ids, bound_row, is_sparse
 
 
 class NumpyKernel:
@@ -27,8 +27,7 @@ class NumpyKernel:
         if is_sparse(allowed, sparse_below):
             row = np.flatnonzero(allowed).astype(np.int64)
         elif form == "bound":
-            row = np.full(allowed.shape, -np.inf, dtype=logits.dtype)
-            row[allowed] = np.inf
+            row = bound_row(allowed, logits.dtype)
         else:
             row = ~allowed
         row.setflags(write=False)

@@ -33,7 +33,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import torch
 
-from outlines_maskcache.kernels import LogitsLost, is_sparse
+from outlines_maskcache.kernels import LogitsLost, bound_row, is_sparse
 
 _INF = float("inf")
 
@@ -50,12 +50,13 @@ class TorchKernel:
     def row(self, allowed: np.ndarray, form: str, logits: torch.Tensor, sparse_below: float = 0.0) -> torch.Tensor:
         if logits.device.type == "cpu" and is_sparse(allowed, sparse_below):
             return torch.from_numpy(np.flatnonzero(allowed))
-        mask = torch.from_numpy(allowed)
         if form == "bound":
-            row = torch.full(mask.shape, -_INF, dtype=logits.dtype)
-            row.masked_fill_(mask, _INF)
+            if not logits.dtype.is_floating_point:  # ±inf has no integer value: stock's computation runs
+                raise TypeError(f"a bound row needs floating logits, not {logits.dtype}")
+            # ±inf converts exactly to every floating dtype, bf16 included.
+            row = torch.from_numpy(bound_row(allowed)).to(logits.dtype)
         else:
-            row = ~mask
+            row = ~torch.from_numpy(allowed)
         return row.to(logits.device, non_blocking=False)
 
     def nbytes(self, row: torch.Tensor) -> int:

@@ -5,9 +5,11 @@ A subprocess because stock and cached runs need different environments
 vLLM starts) and because vLLM's EngineCore runs in a child process that must
 be able to re-import this module (hence the ``__main__`` guard).
 
-Usage: python vllm_generate.py MODEL_DIR OUT_JSON
+Usage: python vllm_generate.py MODEL_DIR OUT_JSON [--speculative]
 Writes {"pid": ..., "outputs": [{"kind", "spec", "prompt", "text", "finish_reason"}],
-"edge": [{"case", "request", "texts", "finish_reasons"}]}.
+"edge": [{"case", "request", "texts", "finish_reasons"}]}; with ``--speculative``
+(engine in process, ngram speculative decoding) {"ids": [...], "texts": [...],
+"grammar_calls": {...}} instead.
 
 Besides plain greedy batches it runs the cases where vLLM's accept path
 differs: requests that stop (EOS) at different steps of one batch, requests
@@ -105,5 +107,55 @@ def _edge_cases(llm, SamplingParams, StructuredOutputsParams) -> list[dict]:
     return found
 
 
+#: prompts that repeat a record the grammar accepts, so ngram drafts pass the
+#: grammar (validate_tokens) and the random model then rejects some (rollback)
+_RECORD = '{"name":"aa","tags":["aa","ab","aa"]}'
+SPEC_PROMPTS = [_RECORD + "\n" + _RECORD + "\n", "Records:\n" + _RECORD + "\n", '{"name":"M","tags":[]}\n' * 3, "Hello"]
+SPEC_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                "tags": {"type": "array", "items": {"enum": ["aa", "ab"]}, "maxItems": 6}},
+               "required": ["name", "tags"]}
+
+
+def speculative(model_dir: str, out_path: str) -> None:
+    """Greedy structured generation with ngram speculative decoding; counts the grammar's validate/rollback calls.
+
+    Run with the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    so the counting wrappers see the grammar calls.
+    """
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output import backend_outlines
+
+    calls = {"validate_tokens": 0, "validated": 0, "rollback": 0, "rolled_back": 0}
+    grammar = backend_outlines.OutlinesGrammar
+    validate, rollback = grammar.validate_tokens, grammar.rollback
+
+    def counted_validate(self, tokens):
+        valid = validate(self, tokens)
+        calls["validate_tokens"] += 1
+        calls["validated"] += len(valid)
+        return valid
+
+    def counted_rollback(self, num_tokens):
+        calls["rollback"] += 1
+        calls["rolled_back"] += num_tokens
+        return rollback(self, num_tokens)
+
+    grammar.validate_tokens, grammar.rollback = counted_validate, counted_rollback
+    llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8, seed=0,
+              structured_outputs_config={"backend": "outlines"},
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                  "prompt_lookup_min": 1})
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
+                            structured_outputs=StructuredOutputsParams(json=json.dumps(SPEC_SCHEMA)))
+    results = llm.generate(SPEC_PROMPTS, params, use_tqdm=False)
+    with open(out_path, "w", encoding="utf-8") as fh:
+        json.dump({"pid": os.getpid(), "ids": [list(r.outputs[0].token_ids) for r in results],
+                   "texts": [r.outputs[0].text for r in results], "grammar_calls": calls}, fh)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if "--speculative" in sys.argv[3:]:
+        speculative(sys.argv[1], sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])
