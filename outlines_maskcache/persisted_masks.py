@@ -92,7 +92,7 @@ class PersistedMasks:
         self._lock = threading.Lock()
         self._grammars: OrderedDict[tuple[str, int], GrammarRows] = OrderedDict()
         self._atexit = False
-        #: grammars with a save due, in the order they became due (the saver thread drains it)
+        #: grammars with a save due, once each (keyed by identity); the saver thread drains it
         self._due: dict[int, GrammarRows] = {}
         self._saver: threading.Thread | None = None
 

@@ -8,6 +8,7 @@ silently dropped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -91,46 +92,13 @@ def _hf_smollm2() -> tuple[Any, Any]:
 
 
 def _transformers_rates(batches: list[int], new_tokens: int, repeats: int) -> list[dict[str, Any]]:
-    import outlines
-    from outlines import backends
-    from transformers import LogitsProcessorList
+    """SmolLM2 through transformers: the interleaved rounds of :mod:`outlines_maskcache.bench.paired`, as rates."""
+    from outlines_maskcache.bench import paired
 
-    hf, tok = _hf_smollm2()
-    model = outlines.from_transformers(hf, tok)
-    tok.padding_side = "left"
     rows = []
-    for batch in batches:
-        inputs = tok([PROMPT] * batch, return_tensors="pt", padding=True)
-
-        def run(processor: Any | None) -> float:
-            kwargs = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-            if processor is not None:
-                kwargs["logits_processor"] = LogitsProcessorList([processor])
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = hf.generate(**inputs, **kwargs)
-            elapsed = time.perf_counter() - t0
-            return (out.shape[1] - inputs["input_ids"].shape[1]) * batch / elapsed
-
-        def proc(backend: str) -> Any:
-            return backends.get_json_schema_logits_processor(backend, model, LONG_SCHEMA)
-
-        variants = {"unconstrained": lambda: None, "cached": lambda: proc("outlines_core")}
-        for backend in ("outlines_core", "xgrammar", "llguidance"):
-            variants["stock" if backend == "outlines_core" else backend] = lambda b=backend: proc(b)
-        rates: dict[str, list[float]] = {k: [] for k in variants}
-        for name in list(variants):  # warm-up, and drop backends that are not installed
-            try:
-                with (mc.disabled() if name != "cached" else _null()):
-                    run(variants[name]())
-            except ImportError:
-                del variants[name], rates[name]
-        for _ in range(repeats):
-            for name, make in variants.items():
-                with (mc.disabled() if name != "cached" else _null()):
-                    rates[name].append(run(make()))
-        med = {k: statistics.median(v) for k, v in rates.items()}
-        rows.append({"engine": "transformers", "batch": batch, "tokens_per_s": med,
+    for row in paired.run_model("smollm2", batches, repeats, new_tokens):
+        med = row.tokens_per_s
+        rows.append({"engine": "transformers", "batch": row.batch, "tokens_per_s": med,
                      "pct_of_unconstrained": {k: 100 * v / med["unconstrained"] for k, v in med.items()}})
     return rows
 
@@ -154,19 +122,11 @@ def _llamacpp_rates(new_tokens: int, repeats: int) -> list[dict[str, Any]]:
     rates: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeats + 1):
         for key, (output_type, stock) in variants.items():
-            with (mc.disabled() if stock else _null()):
+            with (mc.disabled() if stock else contextlib.nullcontext()):
                 rates[key].append(run(output_type))
     med = {k: statistics.median(v[1:]) for k, v in rates.items()}
     return [{"engine": "llamacpp", "batch": 1, "tokens_per_s": med,
              "pct_of_unconstrained": {k: 100 * v / med["unconstrained"] for k, v in med.items()}}]
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def throughput(engines: list[str], batches: list[int], new_tokens: int, repeats: int) -> list[dict[str, Any]]:

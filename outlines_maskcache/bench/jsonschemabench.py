@@ -35,8 +35,6 @@ pathological schema cannot stall the run.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from outlines_maskcache.bench.fresh_process import run_fresh
 
 ENGINES = ("llamacpp", "transformers")
 SETUPS = ("stock", "cold", "warm")
@@ -202,12 +202,10 @@ def run(schemas: list[str], engines: tuple[str, ...], max_tokens: int,
             store = Path(tmp) / f"store-{engine}"
             results[engine] = {}
             for setup in SETUPS:
-                env = dict(os.environ, OUTLINES_MASKCACHE="0" if setup == "stock" else "1",
-                           OUTLINES_MASKCACHE_STORE=str(store), TOKENIZERS_PARALLELISM="false")
                 out = Path(tmp) / f"{engine}-{setup}.json"
-                proc = subprocess.run([sys.executable, "-m", "outlines_maskcache.bench.jsonschemabench", engine,
-                                       str(listing), str(out), str(max_tokens)], env=env, capture_output=True,
-                                      text=True)
+                proc = run_fresh("outlines_maskcache.bench.jsonschemabench",
+                                 [engine, str(listing), str(out), str(max_tokens)],
+                                 plugin=setup != "stock", store=store, capture=True)
                 if proc.returncode != 0:
                     results[engine] = {"skipped": proc.stderr.strip().splitlines()[-1] if proc.stderr else
                                        f"exit {proc.returncode}"}
@@ -224,22 +222,26 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         if "skipped" in setups:
             rows.append({"engine": engine, "skipped": setups["skipped"]})
             continue
-        for floor in ("unconstrained", "noop"):
-            pooled = [r[floor] for s in setups.values() for r in s]
-            ratios = [r[floor]["tpot"] / r["unconstrained"]["tpot"] for s in setups.values() for r in s
-                      if r[floor]["tpot"] and r["unconstrained"]["tpot"]]
-            rows.append({"engine": engine, "setup": floor, **_stats(pooled), "first_ttft_ms": None,
-                         "tpot_over_unconstrained": float(np.median(ratios)) if floor == "noop" and ratios else None})
+        every = [r for per_schema in setups.values() for r in per_schema]
+        rows.append({"engine": engine, "setup": "unconstrained", **_stats([r["unconstrained"] for r in every]),
+                     "first_ttft_ms": None, "tpot_over_unconstrained": None})
+        rows.append({"engine": engine, "setup": "noop", **_stats([r["noop"] for r in every]),
+                     "first_ttft_ms": None, "tpot_over_unconstrained": _median_tpot_ratio(every, "noop")})
         for setup, per_schema in setups.items():
-            ratios = [r["constrained"]["tpot"] / r["unconstrained"]["tpot"] for r in per_schema
-                      if r["constrained"]["tpot"] and r["unconstrained"]["tpot"]]
             first = per_schema[0]["constrained"]["ttft"] if per_schema else None
             # The first schema of a process also pays the backend's vocabulary
             # setup: reported apart, the TTFT columns are over the others.
             rows.append({"engine": engine, "setup": setup, **_stats([r["constrained"] for r in per_schema[1:]]),
                          "first_ttft_ms": None if first is None else first * 1000,
-                         "tpot_over_unconstrained": float(np.median(ratios)) if ratios else None})
+                         "tpot_over_unconstrained": _median_tpot_ratio(per_schema, "constrained")})
     return rows
+
+
+def _median_tpot_ratio(per_schema: list[dict[str, Any]], run: str) -> float | None:
+    """Median over schemas of *run*'s TPOT over the unconstrained TPOT measured next to it."""
+    ratios = [r[run]["tpot"] / r["unconstrained"]["tpot"] for r in per_schema
+              if r[run]["tpot"] and r["unconstrained"]["tpot"]]
+    return float(np.median(ratios)) if ratios else None
 
 
 def _stats(timings: list[dict[str, Any]]) -> dict[str, Any]:

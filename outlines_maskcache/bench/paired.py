@@ -22,6 +22,7 @@ where even stock's mask is 1-3% of it); ``smollm2`` is SmolLM2-135M from its whe
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 import outlines_maskcache as mc
-from outlines_maskcache.bench.e2e import LONG_SCHEMA, PROMPT, _hf_smollm2, _null
+from outlines_maskcache.bench.e2e import LONG_SCHEMA, PROMPT, _hf_smollm2
 
 MODELS = ("head128k", "smollm2")
 BACKENDS = {"stock": "outlines_core", "cached": "outlines_core", "xgrammar": "xgrammar", "llguidance": "llguidance"}
@@ -90,7 +91,7 @@ def run_model(name: str, batches: list[int], rounds: int, new_tokens: int,
         def make(variant: str) -> Any | None:
             if variant == "unconstrained":
                 return None
-            with (mc.disabled() if variant != "cached" else _null()):
+            with (mc.disabled() if variant != "cached" else contextlib.nullcontext()):
                 return backends.get_json_schema_logits_processor(BACKENDS[variant], model, LONG_SCHEMA)
 
         def timed(variant: str) -> tuple[float, torch.Tensor]:
@@ -99,7 +100,7 @@ def run_model(name: str, batches: list[int], rounds: int, new_tokens: int,
                                           pad_token_id=tok.pad_token_id)
             if processor is not None:
                 kwargs["logits_processor"] = LogitsProcessorList([processor])
-            with (mc.disabled() if variant != "cached" else _null()), torch.inference_mode():
+            with (mc.disabled() if variant != "cached" else contextlib.nullcontext()), torch.inference_mode():
                 t0 = time.perf_counter()
                 out = hf.generate(**inputs, **kwargs)
                 elapsed = time.perf_counter() - t0

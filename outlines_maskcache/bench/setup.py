@@ -19,8 +19,6 @@ variant and counted.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from outlines_maskcache.bench.fresh_process import run_fresh
 
 VARIANTS = ("stock", "cold-store", "warm-store")
 
@@ -65,11 +65,10 @@ def run(schemas: list[str], tokenizer_name: str = "llama3", timeout: float = 30.
 
         def child(variant: str, todo: list[str]) -> dict[str, Any]:
             (Path(tmp) / "schemas.json").write_text(json.dumps(todo))
-            env = dict(os.environ, OUTLINES_MASKCACHE="0" if variant == "stock" else "1",
-                       OUTLINES_MASKCACHE_STORE=str(store), TOKENIZERS_PARALLELISM="false")
             out = Path(tmp) / f"{variant}.json"
-            subprocess.run([sys.executable, "-m", "outlines_maskcache.bench.setup", variant, tokenizer_name,
-                            str(Path(tmp) / "schemas.json"), str(out), str(timeout)], env=env, check=True)
+            run_fresh("outlines_maskcache.bench.setup",
+                      [variant, tokenizer_name, str(Path(tmp) / "schemas.json"), str(out), str(timeout)],
+                      plugin=variant != "stock", store=store)
             return json.loads(out.read_text())
 
         cold = child("cold-store", schemas)
