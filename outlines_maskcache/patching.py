@@ -165,7 +165,8 @@ def uninstall() -> None:
                 owner, attr = item.patch.owner, item.patch.name
                 if owner.__dict__.get(attr, _MISSING) is not item.patch.replacement:
                     warnings.warn(
-                        f"outlines_maskcache: {owner.__qualname__}.{attr} was re-patched by someone else; "
+                        f"outlines_maskcache: {getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{attr} "
+                        "was re-patched by someone else; "
                         "leaving it (our wrapper delegates to stock when uninstalled)",
                         RuntimeWarning,
                         stacklevel=3,

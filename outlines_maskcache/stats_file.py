@@ -29,7 +29,7 @@ _state = {"filled": False, "registered": False, "next": 0.0}
 
 
 def filled() -> None:
-    """Call on every fill: marks this process as one that reports, and writes when a period has passed."""
+    """Call on every fill (or apply): marks this process as one that reports, and writes when a period has passed."""
     _state["filled"] = True
     now = time.monotonic()
     if now >= _state["next"]:

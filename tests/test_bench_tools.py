@@ -70,4 +70,7 @@ def test_jsonschemabench_summary_pairs_each_schema_with_its_baseline():
     assert warm["first_ttft_ms"] == pytest.approx(1000.0)
     assert warm["n"] == 2 and warm["ttft_ms_p50"] == pytest.approx(300.0)  # the first schema is apart
     assert warm["tpot_over_unconstrained"] == pytest.approx(1.1)  # median of 1.2, 1.1, 1.1
+    low, high = warm["tpot_ratio_ci"]
+    assert 1.1 <= high <= 1.2 and low == pytest.approx(1.1)
+    assert warm["tpot_ratio_pooled"] == pytest.approx((0.012 + 0.022 + 0.033) / (0.010 + 0.020 + 0.030))
     assert skipped == {"engine": "transformers", "skipped": "no model"}

@@ -226,22 +226,36 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"engine": engine, "setup": "unconstrained", **_stats([r["unconstrained"] for r in every]),
                      "first_ttft_ms": None, "tpot_over_unconstrained": None})
         rows.append({"engine": engine, "setup": "noop", **_stats([r["noop"] for r in every]),
-                     "first_ttft_ms": None, "tpot_over_unconstrained": _median_tpot_ratio(every, "noop")})
+                     "first_ttft_ms": None, **_tpot_ratio(every, "noop")})
         for setup, per_schema in setups.items():
             first = per_schema[0]["constrained"]["ttft"] if per_schema else None
             # The first schema of a process also pays the backend's vocabulary
             # setup: reported apart, the TTFT columns are over the others.
             rows.append({"engine": engine, "setup": setup, **_stats([r["constrained"] for r in per_schema[1:]]),
                          "first_ttft_ms": None if first is None else first * 1000,
-                         "tpot_over_unconstrained": _median_tpot_ratio(per_schema, "constrained")})
+                         **_tpot_ratio(per_schema, "constrained")})
     return rows
 
 
-def _median_tpot_ratio(per_schema: list[dict[str, Any]], run: str) -> float | None:
-    """Median over schemas of *run*'s TPOT over the unconstrained TPOT measured next to it."""
-    ratios = [r[run]["tpot"] / r["unconstrained"]["tpot"] for r in per_schema
-              if r[run]["tpot"] and r["unconstrained"]["tpot"]]
-    return float(np.median(ratios)) if ratios else None
+def _tpot_ratio(per_schema: list[dict[str, Any]], run: str) -> dict[str, Any]:
+    """*run*'s TPOT over the unconstrained TPOT measured next to it, per schema: the median with its 95% CI.
+
+    Also the pooled ratio (all of *run*'s decode time over all of the
+    baseline's, token-weighted), which a few short generations sway less.
+    """
+    from outlines_maskcache.bench.paired import bootstrap_median
+
+    pairs = [(r[run], r["unconstrained"]) for r in per_schema if r[run]["tpot"] and r["unconstrained"]["tpot"]]
+    if not pairs:
+        return {"tpot_over_unconstrained": None, "tpot_ratio_ci": None, "tpot_ratio_pooled": None}
+    median, lo, hi = bootstrap_median([a["tpot"] / b["tpot"] for a, b in pairs])
+
+    def decode_time(t: dict[str, Any]) -> float:
+        return t["tpot"] * (t["tokens"] - 1)
+
+    pooled = (sum(decode_time(a) for a, _ in pairs) / sum(a["tokens"] - 1 for a, _ in pairs)) / (
+        sum(decode_time(b) for _, b in pairs) / sum(b["tokens"] - 1 for _, b in pairs))
+    return {"tpot_over_unconstrained": median, "tpot_ratio_ci": [lo, hi], "tpot_ratio_pooled": pooled}
 
 
 def _stats(timings: list[dict[str, Any]]) -> dict[str, Any]:
@@ -264,16 +278,17 @@ def print_summary(rows: list[dict[str, Any]], schemas: int, left: dict[str, int]
     lines = []
     for r in rows:
         if "skipped" in r:
-            lines.append([r["engine"], "skipped", r["skipped"], "", "", "", "", "", ""])
+            lines.append([r["engine"], "skipped", r["skipped"], "", "", "", "", "", "", ""])
             continue
-        ratio = r.get("tpot_over_unconstrained")
+        ratio, ci, pooled = r.get("tpot_over_unconstrained"), r.get("tpot_ratio_ci"), r.get("tpot_ratio_pooled")
         lines.append([r["engine"], r["setup"], fmt(r["first_ttft_ms"]), fmt(r["ttft_ms_mean"]), fmt(r["ttft_ms_p50"]),
                       fmt(r["ttft_ms_p90"]), fmt(r["tpot_ms_mean"], ",.2f"), fmt(r["tpot_ms_p50"], ",.2f"),
-                      "-" if ratio is None else f"{ratio:.3f}x"])
+                      "-" if ratio is None else f"{ratio:.3f}x [{ci[0]:.3f}-{ci[1]:.3f}]",
+                      "-" if pooled is None else f"{pooled:.3f}x"])
     out = ", ".join(f"{v} {k}" for k, v in left.items()) or "none"
     table(f"end to end, SmolLM2-135M, {schemas} schemas (left out: {out})",
           ["engine", "setup", "first TTFT ms", "TTFT mean ms", "TTFT p50", "TTFT p90", "TPOT mean ms", "TPOT p50",
-           "TPOT / unconstrained (median)"], lines)
+           "TPOT / unconstrained (median [95% CI])", "pooled"], lines)
 
 
 if __name__ == "__main__":

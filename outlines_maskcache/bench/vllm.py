@@ -6,8 +6,9 @@ round on one warm engine and their ratios share the machine's noise:
 
 * ``unconstrained``: no structured output;
 * ``stock``: the plugin uninstalled (vLLM's own code);
-* ``maskcache``: cached bitmask rows, stock ``advance`` (``OUTLINES_MASKCACHE_QUIET_ADVANCE=0``);
-* ``plugin``: cached rows and the quiet guide (the default when installed).
+* ``maskcache``: cached bitmask rows only, stock ``advance`` and stock apply
+  (``OUTLINES_MASKCACHE_QUIET_ADVANCE=0``, ``OUTLINES_MASKCACHE_SPARSE_APPLY=0``);
+* ``plugin``: cached rows, the quiet guide and the sparse-row apply (the default when installed).
 
 Every constrained variant's completions are hashed; a case whose hashes
 differ from stock's is reported as a mismatch (and fails the command).
@@ -78,7 +79,8 @@ def _set_variant(variant: str) -> None:
     if variant in ("stock", "unconstrained"):
         mc.uninstall()
         return
-    os.environ["OUTLINES_MASKCACHE_QUIET_ADVANCE"] = "1" if variant == "plugin" else "0"
+    for switch in ("OUTLINES_MASKCACHE_QUIET_ADVANCE", "OUTLINES_MASKCACHE_SPARSE_APPLY"):
+        os.environ[switch] = "1" if variant == "plugin" else "0"
     mc.install(targets=["vllm-v1"])
 
 

