@@ -138,3 +138,17 @@ def test_equals_xgrammar_cpu_kernel(case):
     got, _ = _applied(SparseBitmaskApplier(), logits, bitmask, rows, None)
     width = torch.int16 if got.element_size() == 2 else torch.int32
     assert torch.equal(got.view(width), expected.view(width))
+
+
+def test_counts_without_numpy_bitwise_count(monkeypatch):
+    """numpy < 2 has no bitwise_count: the unpacking fallback counts the same."""
+    from outlines_maskcache import sparse_bitmask
+
+    bits = _bitmask(np.random.default_rng(3), 3, 40, [0.01, 0.5, 1.0]).numpy()
+    expected = sparse_bitmask._set_bits(bits).tolist()
+    assert expected == [int(np.unpackbits(row.view(np.uint8)).sum()) for row in bits]
+    if hasattr(np, "bitwise_count"):
+        monkeypatch.delattr(np, "bitwise_count")
+    assert sparse_bitmask._set_bits(bits).tolist() == expected
+    assert sparse_bitmask._set_bits(bits[:, ::7]).tolist() == [int(np.unpackbits(np.ascontiguousarray(r).view(np.uint8)).sum())
+                                                               for r in bits[:, ::7]]
