@@ -40,7 +40,7 @@ STORE_AUTO = "auto"
 DEFAULT_STORE_MAX_BYTES = 2 << 30
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+FALSE_WORDS = {"0", "false", "no", "off"}
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
@@ -118,10 +118,10 @@ def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     value = raw.strip().lower()
     if value in _TRUE:
         return True
-    if value in _FALSE:
+    if value in FALSE_WORDS:
         return False
     warnings.warn(
-        f"{ENV_ENABLE}={raw!r} is not one of {sorted(_TRUE | _FALSE)}; "
+        f"{ENV_ENABLE}={raw!r} is not one of {sorted(_TRUE | FALSE_WORDS)}; "
         "outlines_maskcache stays off and outlines runs stock",
         RuntimeWarning,
         stacklevel=3,
@@ -143,5 +143,5 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
     if raw is not None and raw.strip():
         value = raw.strip()
         # "0"/"off" turns the store off; any other value is a directory.
-        settings = settings.updated(store=None if value.lower() in _FALSE else value)
+        settings = settings.updated(store=None if value.lower() in FALSE_WORDS else value)
     return settings

@@ -19,9 +19,10 @@ knows which engine or grammar produced the bitmask.
 Semantics are the kernel's, bit for bit, NaN included: for every listed row
 and every token ``j < vocab_size`` whose bit is 0 the logit becomes
 ``-inf``; allowed logits are copied out and back unchanged; tokens at or past
-``vocab_size`` are untouched.  All plans are made before the first logit is
-written, so a failure while planning leaves the logits as they were and the
-caller's kernel can run instead.
+``vocab_size`` are untouched.  All plans are made, and all allowed values
+read, before the first logit is written, so a failure until then leaves the
+logits as they were and the caller's kernel can run instead; a failure
+after it restores the allowed values or raises ``LogitsLost``.
 """
 
 from __future__ import annotations
@@ -148,25 +149,43 @@ def _keep_fill_restore(view: Any, sparse: list[tuple[int, Any]]) -> None:
 
     A batch in a sparse grammar has many rows and few distinct plans; per
     row, the ops' own overhead (~12 us for three) was most of the cost at
-    B = 128.
+    B = 128.  Every allowed value is read before the first row is filled;
+    if a put-back fails they are written back row by row, and if that fails
+    too :class:`~outlines_maskcache.kernels.LogitsLost` stops a fallback
+    from masking logits whose allowed values are gone (the same contract as
+    the torch kernel's sparse rows).
     """
     import torch
+
+    from outlines_maskcache.kernels import LogitsLost
 
     groups: dict[int, tuple[Any, list[int]]] = {}
     for r, ids in sparse:
         groups.setdefault(id(ids), (ids, []))[1].append(r)
+    plans = []
     for ids, rows in groups.values():
         if len(rows) == 1:  # 1-d ops are cheaper than advanced indexing for one row
-            row = view[rows[0]]
-            kept = row.index_select(0, ids)
-            row.fill_(float("-inf"))
-            row.index_copy_(0, ids, kept)
-            continue
-        picked = torch.tensor(rows, dtype=torch.int64)
-        where = (picked[:, None], ids[None, :])
-        kept = view[where]
-        view.index_fill_(0, picked, float("-inf"))
-        view.index_put_(where, kept)
+            plans.append((ids, rows, None, view[rows[0]].index_select(0, ids)))
+        else:
+            picked = torch.tensor(rows, dtype=torch.int64)
+            plans.append((ids, rows, picked, view[(picked[:, None], ids[None, :])]))
+    try:
+        for ids, rows, picked, kept in plans:
+            if picked is None:
+                row = view[rows[0]]
+                row.fill_(float("-inf"))
+                row.index_copy_(0, ids, kept)
+            else:
+                view.index_fill_(0, picked, float("-inf"))
+                view.index_put_((picked[:, None], ids[None, :]), kept)
+    except Exception as err:
+        try:
+            for ids, rows, _, kept in plans:
+                for i, r in enumerate(rows):
+                    view[r][ids] = kept if kept.dim() == 1 else kept[i]
+        except Exception as again:
+            raise LogitsLost(f"could not restore allowed logits after {err!r}") from again
+        raise
 
 
 def _allowed_estimates(bits: np.ndarray, n: int) -> list[int]:

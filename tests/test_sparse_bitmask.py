@@ -152,3 +152,28 @@ def test_counts_without_numpy_bitwise_count(monkeypatch):
     assert sparse_bitmask._set_bits(bits).tolist() == expected
     assert sparse_bitmask._set_bits(bits[:, ::7]).tolist() == [int(np.unpackbits(np.ascontiguousarray(r).view(np.uint8)).sum())
                                                                for r in bits[:, ::7]]
+
+
+def test_failed_put_back_restores_allowed_values_or_raises_logits_lost(monkeypatch):
+    """Between a row's fill and its put-back its allowed values live only in the plan: never lost silently."""
+    from outlines_maskcache.kernels import LogitsLost
+
+    bitmask = _bitmask(np.random.default_rng(5), 3, 64, [0.01])
+    bitmask[1] = bitmask[0]  # rows 0 and 1 share a plan: the grouped path
+    logits = torch.randn(3, 64 * 32)
+    expected = logits.clone()
+    reference(expected, bitmask, None, None)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("put-back failed")
+
+    monkeypatch.setattr(torch.Tensor, "index_put_", broken)
+    got = logits.clone()
+    with pytest.raises(RuntimeError, match="put-back failed"):
+        SparseBitmaskApplier().apply(got, bitmask, None, None, lambda rows: None)
+    rows_done = [r for r in range(3) if torch.isinf(got[r]).any()]
+    for r in rows_done:  # every filled row got its allowed values back by the second route
+        assert torch.equal(got[r], expected[r])
+    monkeypatch.setattr(torch.Tensor, "__setitem__", broken)
+    with pytest.raises(LogitsLost):
+        SparseBitmaskApplier().apply(logits.clone(), bitmask, None, None, lambda rows: None)

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from outlines_maskcache import compiled, stats_file
+from outlines_maskcache.config import FALSE_WORDS
 from outlines_maskcache.fingerprint import LOCAL_PREFIX, digest
 from outlines_maskcache.masking import bitmask_row, cached_or_stock
 from outlines_maskcache.patching import Patch
@@ -211,13 +212,13 @@ class XgrammarStandIn:
             elif found:
                 stock(logits, bitmask, indices=found)
 
-        try:
-            planned, passed_on = APPLIER.apply(logits, bitmask, rows, None, rest)
-        except Exception as err:  # noqa: BLE001 - plans are made before any logit is written
-            RUNTIME.fault("vllm-v1 sparse bitmask apply", err)
-            return stock(logits, bitmask, *args, **kwargs)
-        RUNTIME.cache.count("sparse_apply_rows", planned)
-        RUNTIME.cache.count("kernel_apply_rows", passed_on)
+        counts = cached_or_stock("vllm-v1 sparse bitmask apply",
+                                 lambda: APPLIER.apply(logits, bitmask, rows, None, rest),
+                                 lambda: stock(logits, bitmask, *args, **kwargs))
+        if counts is None:  # the stock kernel ran
+            return None
+        RUNTIME.cache.count("sparse_apply_rows", counts[0])
+        RUNTIME.cache.count("kernel_apply_rows", counts[1])
         stats_file.filled()  # a worker apart from the EngineCore reports too
 
 
@@ -263,7 +264,7 @@ if hasattr(os, "register_at_fork"):  # a forked worker has filled nothing yet
 
 def _switched_on(env: str) -> bool:
     """Read per call, so a benchmark can compare both ways in one process."""
-    return os.environ.get(env, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(env, "1").strip().lower() not in FALSE_WORDS
 
 
 def _vocabulary_key(backend: Any, vocabulary: Any) -> str:
