@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -41,6 +43,19 @@ def random_logits(rng: np.random.Generator, batch: int, width: int, dtype, libra
     if library == "numpy":
         return data.astype({torch.float32: np.float32, torch.float16: np.float16}.get(dtype, np.float32))
     return torch.from_numpy(data).to(dtype)
+
+
+@contextlib.contextmanager
+def numpy_blocked_below(fraction: float) -> Iterator[None]:
+    """Set the numpy kernel's threshold for blocked-id rows (0: never, 1: every dense state)."""
+    from outlines_maskcache.kernels.numpy import KERNEL
+
+    previous = KERNEL.blocked_below
+    KERNEL.blocked_below = fraction
+    try:
+        yield
+    finally:
+        KERNEL.blocked_below = previous
 
 
 @dataclass

@@ -7,6 +7,7 @@ states, logits wider than the vocabulary, fp32/fp16/bf16, torch and numpy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -16,7 +17,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import outlines_maskcache as mc
-from drivers import Lockstep, walk
+from drivers import Lockstep, assert_bit_identical, numpy_blocked_below, random_logits, walk
 from material import gpt2_tokenizer, llama3_tokenizer
 from strategies import regexes, vocabularies
 from versions import requires_outlines_core_backend
@@ -37,10 +38,16 @@ def compile_index(regex: str, vocab: dict, eos: int):
 
 @given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 8),
        extra=st.integers(0, 40), dtype=st.sampled_from(DTYPES), library=st.sampled_from(["torch", "numpy"]),
-       resets=st.integers(0, 2), sparse=st.sampled_from([0.0, 0.3, 1.0]))
-def test_random_regex_random_vocab(regex, vocab, seed, batch, extra, dtype, library, resets, sparse):
+       resets=st.integers(0, 2), sparse=st.sampled_from([0.0, 0.3, 1.0]), blocked=st.sampled_from([0.0, 0.25, 1.0]))
+def test_random_regex_random_vocab(regex, vocab, seed, batch, extra, dtype, library, resets, sparse, blocked):
+    with numpy_blocked_below(blocked):
+        _random_walks(regex, vocab, seed, batch, extra, dtype, library, resets, sparse)
+
+
+def _random_walks(regex, vocab, seed, batch, extra, dtype, library, resets, sparse):
     tokens, eos, n_ids = vocab
     # 0: every state a dense row; 1: every state its allowed ids; 0.3: a mix within one batch.
+    # numpy also keeps states blocking few tokens as their blocked ids (``blocked``).
     mc.configure(sparse_below=sparse)
     index = compile_index(regex, tokens, eos)
     assume(index is not None)
@@ -58,14 +65,59 @@ def test_random_regex_random_vocab(regex, vocab, seed, batch, extra, dtype, libr
 
 
 @given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), form=st.sampled_from(["bound", "blocked"]),
-       sparse=st.sampled_from([0.0, 0.3, 1.0]))
-def test_nan_logits_with_guard(regex, vocab, seed, form, sparse):
-    """NaN logits: exact with nan_guard (bound form) and always with the blocked form and sparse rows."""
+       sparse=st.sampled_from([0.0, 0.3, 1.0]), library=st.sampled_from(["torch", "numpy"]),
+       blocked=st.sampled_from([0.0, 0.25, 1.0]))
+def test_nan_logits_with_guard(regex, vocab, seed, form, sparse, library, blocked):
+    """NaN logits: exact with nan_guard (bound form) and always with the blocked form, sparse and blocked-id rows."""
     tokens, eos, n_ids = vocab
     index = compile_index(regex, tokens, eos)
     assume(index is not None)
     mc.configure(nan_guard=True, form=form, sparse_below=sparse)
-    walk(index, eos, np.random.default_rng(seed), batch=4, steps=8, width=n_ids + 3, nan=True)
+    with numpy_blocked_below(blocked):
+        walk(index, eos, np.random.default_rng(seed), batch=4, steps=8, width=n_ids + 3, nan=True, library=library)
+
+
+@given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), extra=st.integers(0, 40),
+       sparse=st.sampled_from([0.0, 0.3]), blocked=st.sampled_from([0.0, 0.25, 1.0]), nan=st.booleans())
+def test_llamacpp_shaped_calls(regex, vocab, seed, extra, sparse, blocked, nan):
+    """llama.cpp's call: 1-D token ids and a strided float32 view of its candidate records.
+
+    The cached processor takes a shortcut around stock's tensor-adapter
+    normalisation for this shape; the result, and what is left in the
+    caller's view (llama-cpp-python copies the return value back into it),
+    must equal stock's.
+    """
+    from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
+
+    tokens, eos, n_ids = vocab
+    index = compile_index(regex, tokens, eos)
+    assume(index is not None)
+    mc.configure(nan_guard=nan, sparse_below=sparse)
+    width = n_ids + extra
+    record = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+    stock_p, cached_p = (OutlinesCoreLogitsProcessor(index, "numpy") for _ in range(2))
+    rng = np.random.default_rng(seed)
+    ids = list(rng.integers(0, width, size=3))
+    with numpy_blocked_below(blocked):
+        for step in range(10):
+            logits = random_logits(rng, 1, width, torch.float32, "numpy", specials=True, nan=nan)[0]
+            views = []
+            for processor in (stock_p, cached_p):
+                candidates = np.recarray((width,), dtype=record)
+                candidates.logit[:] = logits
+                with mc.disabled() if processor is stock_p else contextlib.nullcontext():
+                    out = processor(np.asarray(ids, dtype=np.intc), candidates.logit)
+                assert out.shape == (width,)
+                candidates.logit[:] = out
+                views.append((out, candidates.logit))
+            (stock_out, stock_view), (cached_out, cached_view) = views
+            assert_bit_identical(stock_out, cached_out, f"step {step}")
+            assert_bit_identical(stock_view, cached_view, f"step {step}, candidates")
+            allowed = np.flatnonzero(stock_out != -np.inf)
+            if allowed.size == 0 or (eos in allowed and step > 6):
+                break
+            ids.append(int(rng.choice(allowed)))
+    assert mc.stats()["fallbacks"] == 0
 
 
 def _real_vocabulary(tokenizer):

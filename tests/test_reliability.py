@@ -229,6 +229,36 @@ def test_numpy_rows_are_read_only():
     row = KERNEL.row(np.array([True, False]), "bound", np.zeros((1, 2), np.float32))
     with pytest.raises(ValueError):
         row[0] = 0.0
+    few_blocked = KERNEL.row(np.array([True] * 7 + [False]), "bound", np.zeros((1, 8), np.float32))
+    with pytest.raises(ValueError):
+        few_blocked.ids[0] = 3
+
+
+def test_numpy_rows_of_every_kind_compare_by_mask_and_check_their_width():
+    """verify=True compares a served row with a fresh one that may be of another kind (settings changed)."""
+    from outlines_maskcache.kernels import BlockedIds
+    from outlines_maskcache.kernels.numpy import KERNEL
+
+    from drivers import numpy_blocked_below
+
+    logits = np.zeros((1, 8), np.float32)
+    allowed = np.array([True] * 6 + [False, False])
+    other = allowed.copy()
+    other[0] = False
+    with numpy_blocked_below(0.25):
+        blocked = KERNEL.row(allowed, "bound", logits)
+        blocked_other = KERNEL.row(other, "bound", logits)
+    with numpy_blocked_below(0.0):
+        dense = KERNEL.row(allowed, "bound", logits)
+        ids = KERNEL.row(allowed, "bound", logits, sparse_below=1.0)
+    assert type(blocked) is BlockedIds and type(dense) is np.ndarray and ids.dtype == np.int64
+    for a in (blocked, dense, ids):
+        for b in (blocked, dense, ids):
+            assert KERNEL.equal(a, b)
+        assert not KERNEL.equal(a, blocked_other) and not KERNEL.equal(blocked_other, a)
+    assert KERNEL.valid(blocked, "bound", logits)
+    assert not KERNEL.valid(blocked, "bound", np.zeros((1, 9), np.float32))
+    assert not KERNEL.valid(BlockedIds(blocked.ids.astype(np.int32), 8), "bound", logits)
 
 
 # -- threads --------------------------------------------------------------------

@@ -48,6 +48,31 @@ class LogitsLost(RuntimeError):
     """A kernel damaged the logits and could not repair them: the step must fail, not fall back."""
 
 
+class BlockedIds:
+    """A row for a state that blocks few tokens: their ids, and the width they were taken from.
+
+    Applied by writing -inf at those ids and nowhere else, which is stock's
+    own result for every input (NaN included) and touches a few percent of
+    the logits instead of all of them.  A kernel that keeps such rows says
+    where they pay (see its ``blocked_below``).
+    """
+
+    __slots__ = ("ids", "width")
+
+    def __init__(self, ids: Any, width: int) -> None:
+        self.ids = ids
+        self.width = width
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ids.nbytes)
+
+
+def blocks_few(allowed: np.ndarray, blocked_below: float) -> bool:
+    """Whether a state blocks few enough tokens to be kept as :class:`BlockedIds`."""
+    return blocked_below > 0 and allowed.size - int(np.count_nonzero(allowed)) <= blocked_below * allowed.size
+
+
 def is_sparse(allowed: np.ndarray, sparse_below: float) -> bool:
     """Whether a state allows few enough tokens to be cached as their ids."""
     return sparse_below > 0 and int(np.count_nonzero(allowed)) <= sparse_below * allowed.size

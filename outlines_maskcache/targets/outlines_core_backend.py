@@ -125,17 +125,22 @@ def patches(module: ModuleType) -> list[Patch]:
         return masked(self, input_ids, logits)
 
     def __call__(self: Any, input_ids: Any, logits: Any) -> Any:
-        # Stock's __call__ normalises 1-D inputs through the tensor adapter
-        # (five shape reads and an assert per step).  A 2-D batch, the case
-        # of every integration, goes straight to the masked step under the
-        # same condition stock asserts; anything else, and any subclass that
+        # Stock's __call__ normalises its inputs through the tensor adapter
+        # (five shape reads, an assert, and for llama.cpp's 1-D call three
+        # expand_dims/squeeze: ~20 us a token).  A 2-D batch goes straight to
+        # the masked step under the same condition stock asserts, and a 1-D
+        # pair (llama.cpp) as the one-row batch stock makes of it, through
+        # views of the same memory; anything else, and any subclass that
         # brings its own process_logits, takes stock's way.
         if RUNTIME.active() and type(self).process_logits is process_logits:
             ids_shape = getattr(input_ids, "shape", None)
             shape = getattr(logits, "shape", None)
-            if ids_shape is not None and shape is not None and len(shape) == 2 and len(ids_shape) == 2 \
-                    and shape[0] == ids_shape[0]:
-                return masked(self, input_ids, logits)
+            if ids_shape is not None and shape is not None:
+                if len(shape) == 2 and len(ids_shape) == 2 and shape[0] == ids_shape[0]:
+                    return masked(self, input_ids, logits)
+                if len(shape) == 1 and len(ids_shape) == 1 and type(logits) is np.ndarray \
+                        and type(input_ids) is np.ndarray:
+                    return masked(self, input_ids[None], logits[None])[0]
         return stock_call(self, input_ids, logits)
 
     def __init__(self: Any, model: Any) -> None:
