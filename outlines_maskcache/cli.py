@@ -245,7 +245,8 @@ def _e2e_schemas(args: argparse.Namespace) -> int:
     if not chosen:
         raise SystemExit("outlines-maskcache: no schema compiled within the limits")
     with progress_bar(len(args.engines) * len(jsb.SETUPS), "setups (one process each)") as advance:
-        results = jsb.run([g.spec for g in chosen], tuple(args.engines), args.max_tokens, progress=advance)
+        results = jsb.run([g.spec for g in chosen], tuple(args.engines), args.max_tokens, progress=advance,
+                          repeats=args.repeats)
     rows = jsb.summarize(results)
     jsb.print_summary(rows, len(chosen), left)
     if args.json:
@@ -413,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     e2e.add_argument("-n", type=int, default=20, help="with --schemas: how many schemas")
     e2e.add_argument("--match", default="Glaive", help="with --schemas: only names containing this ('' for all)")
     e2e.add_argument("--max-tokens", type=int, default=48, help="with --schemas")
+    e2e.add_argument("--repeats", type=int, default=1,
+                     help="with --schemas: rounds per schema (the later ones rotate the order; TPOT ratios only)")
     e2e.add_argument("--timeout", type=float, default=20.0, help="with --schemas: compile limit per schema (s)")
     e2e.add_argument("--max-memory", type=_size, default=6 << 30, help="with --schemas: memory cap per compile")
     e2e.set_defaults(func=cmd_e2e)

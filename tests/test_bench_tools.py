@@ -74,3 +74,42 @@ def test_jsonschemabench_summary_pairs_each_schema_with_its_baseline():
     assert 1.1 <= high <= 1.2 and low == pytest.approx(1.1)
     assert warm["tpot_ratio_pooled"] == pytest.approx((0.012 + 0.022 + 0.033) / (0.010 + 0.020 + 0.030))
     assert skipped == {"engine": "transformers", "skipped": "no model"}
+
+
+def test_jsonschemabench_repeats_pool_per_schema_before_the_median():
+    """Repeated rounds of a schema are pooled into its one ratio (token-weighted), not counted as more schemas."""
+    from outlines_maskcache.bench import jsonschemabench as jsb
+
+    def timing(tpot: float, tokens: int = 11) -> dict:
+        return {"ttft": 0.1, "tpot": tpot, "tokens": tokens}
+
+    schema = {"constrained": timing(0.012), "unconstrained": timing(0.010), "noop": timing(0.010),
+              "repeats": [{"noop": timing(0.010), "constrained": timing(0.010, tokens=31),
+                           "unconstrained": timing(0.010, tokens=31)}]}
+    other = {"constrained": timing(0.030), "unconstrained": timing(0.020), "noop": timing(0.020)}
+    ratio = jsb._tpot_ratio([schema, other], "constrained")
+    first = (0.012 * 10 + 0.010 * 30) / 40 / 0.010  # 1.05: its two rounds pooled, weighted by tokens
+    assert ratio["tpot_over_unconstrained"] == pytest.approx((first + 1.5) / 2)
+    assert ratio["tpot_ratio_pooled"] == pytest.approx((0.12 + 0.30 + 0.30) / 50 / ((0.10 + 0.30 + 0.20) / 50))
+    rows = jsb.summarize({"llamacpp": {"warm": [schema, other]}})
+    assert rows[2]["n"] == 1  # TTFT from each schema's first round only, the first schema apart
+
+
+def test_jsonschemabench_sampling_phase_per_token_over_the_baseline():
+    """llama.cpp's sampling calls (where the processor runs) are timed apart; the first call, which sets the processor up, is not per-token cost."""
+    from outlines_maskcache.bench import jsonschemabench as jsb
+
+    timing = jsb._timing(0.0, [1.0, 1.01, 1.02], [0.5, 0.0004, 0.0006])
+    assert timing["sample"] == pytest.approx(0.0005) and timing["tpot"] == pytest.approx(0.01)
+    assert "sample" not in jsb._timing(0.0, [1.0, 1.01])  # transformers: no sampling timer
+
+    def run(sample: float) -> dict:
+        return {"ttft": 0.1, "tpot": 0.011, "tokens": 11, "sample": sample}
+
+    per_schema = [{"constrained": run(0.0004), "unconstrained": run(0.0001), "noop": run(0.0002)},
+                  {"constrained": run(0.0005), "unconstrained": run(0.0001), "noop": run(0.0002),
+                   "repeats": [{"constrained": run(0.0007), "unconstrained": run(0.0001), "noop": run(0.0002)}]}]
+    extra = jsb._sampling_extra(per_schema, "constrained")
+    assert extra["sample_extra_ms"] == pytest.approx((0.3 + 0.5) / 2)
+    rows = jsb.summarize({"llamacpp": {"warm": per_schema}})
+    assert rows[2]["sample_extra_ms"] == pytest.approx(0.4) and rows[0]["sample_ms_mean"] == pytest.approx(0.1)

@@ -47,6 +47,7 @@ from outlines_maskcache.bench.fresh_process import run_fresh
 
 ENGINES = ("llamacpp", "transformers")
 SETUPS = ("stock", "cold", "warm")
+MODES = ("constrained", "unconstrained", "noop")
 PROMPT = "You are a helpful assistant. Reply with one JSON object that follows this JSON schema:\n{schema}\nJSON:"
 
 
@@ -59,8 +60,35 @@ def _noop(input_ids: Any, scores: Any) -> Any:
     return scores
 
 
-def _stamps_llamacpp(model: Any, schema: str, mode: str, max_tokens: int) -> tuple[float, list[float]]:
-    """(start, time of each streamed token) for one generation through outlines' llama.cpp model."""
+#: seconds of each ``Llama.sample`` call of the current generation (see :func:`_time_llamacpp_sampling`)
+_SAMPLING: list[float] = []
+
+
+def _time_llamacpp_sampling() -> None:
+    """Time every ``Llama.sample`` call: the logits processor runs inside it, the forward pass does not.
+
+    A wall-clock TPOT ratio cannot resolve a 1% difference while neighbours
+    on a shared host change the forward pass's speed from one generation to
+    the next; the sampling phase is short and measured token by token, so
+    what a processor adds per token shows there with little noise.
+    """
+    import llama_cpp
+
+    sample = llama_cpp.Llama.sample
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return sample(self, *args, **kwargs)
+        finally:
+            _SAMPLING.append(time.perf_counter() - t0)
+
+    llama_cpp.Llama.sample = timed
+
+
+def _stamps_llamacpp(model: Any, schema: str, mode: str,
+                     max_tokens: int) -> tuple[float, list[float], list[float]]:
+    """(start, time of each streamed token, each sampling call's seconds) for one generation through outlines' llama.cpp model."""
     import llama_cpp
     import outlines
 
@@ -76,9 +104,10 @@ def _stamps_llamacpp(model: Any, schema: str, mode: str, max_tokens: int) -> tup
         generator = outlines.Generator(model, outlines.json_schema(schema) if mode == "constrained" else None)
         chunks = generator.stream(_prompt(schema), **kwargs)
     stamps = []
+    _SAMPLING.clear()
     for _ in chunks:
         stamps.append(time.perf_counter())
-    return start, stamps
+    return start, stamps, list(_SAMPLING)
 
 
 class _Stamper:
@@ -118,13 +147,24 @@ def _stamps_transformers(hf: Any, tok: Any, model: Any, schema: str, mode: str, 
     return start, streamer.stamps
 
 
-def _timing(start: float, stamps: list[float]) -> dict[str, Any]:
+def _timing(start: float, stamps: list[float], sampling: list[float] | None = None) -> dict[str, Any]:
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
-    return {"ttft": stamps[0] - start if stamps else None, "tpot": tpot, "tokens": len(stamps)}
+    timing = {"ttft": stamps[0] - start if stamps else None, "tpot": tpot, "tokens": len(stamps)}
+    if sampling is not None and len(sampling) > 1:
+        # The first call also sets the processor up (its TTFT); the rest are the per-token cost.
+        timing["sample"] = sum(sampling[1:]) / (len(sampling) - 1)
+    return timing
 
 
-def _child(engine: str, schemas_path: str, out_path: str, max_tokens: int) -> None:
-    """One setup's process: every schema constrained, each followed by its unconstrained baseline."""
+def _child(engine: str, schemas_path: str, out_path: str, max_tokens: int, repeats: int = 1) -> None:
+    """One setup's process: every schema constrained, each followed by its unconstrained baseline.
+
+    With *repeats* > 1 each schema gets that many more rounds of the three
+    generations, in an order rotated from round to round and schema to
+    schema, so no mode always runs first after a context reset; their
+    timings go under ``repeats`` and feed the TPOT ratios only (a repeated
+    constrained run would find its grammar compiled: no TTFT).
+    """
     from outlines_maskcache.bench.e2e import _hf_smollm2, _smollm2_dir
 
     schemas = json.loads(Path(schemas_path).read_text())
@@ -133,10 +173,11 @@ def _child(engine: str, schemas_path: str, out_path: str, max_tokens: int) -> No
         import outlines
 
         folder, name = _smollm2_dir()
+        _time_llamacpp_sampling()
         llm = outlines.from_llamacpp(llama_cpp.Llama(model_path=f"{folder}/{name}", n_ctx=2048, verbose=False,
                                                      seed=0))
 
-        def one(schema: str, mode: str, tokens: int) -> tuple[float, list[float]]:
+        def one(schema: str, mode: str, tokens: int) -> tuple[float, list[float], list[float]]:
             return _stamps_llamacpp(llm, schema, mode, tokens)
     else:
         import outlines
@@ -151,11 +192,19 @@ def _child(engine: str, schemas_path: str, out_path: str, max_tokens: int) -> No
     for mode in ("unconstrained", "noop"):  # the engine's own first-call costs are nobody's TTFT
         one("{}", mode, 4)
     rows = []
-    for schema in schemas:
+    for k, schema in enumerate(schemas):
         constrained = _timing(*one(schema, "constrained", max_tokens))
         length = max(2, constrained["tokens"])
-        rows.append({"constrained": constrained, "unconstrained": _timing(*one(schema, "unconstrained", length)),
-                     "noop": _timing(*one(schema, "noop", length))})
+        row = {"constrained": constrained, "unconstrained": _timing(*one(schema, "unconstrained", length)),
+               "noop": _timing(*one(schema, "noop", length))}
+        if repeats > 1:
+            row["repeats"] = []
+            for r in range(1, repeats):
+                shift = (k + r) % len(MODES)
+                order = MODES[shift:] + MODES[:shift]
+                row["repeats"].append({mode: _timing(*one(schema, mode, max_tokens if mode == "constrained" else length))
+                                       for mode in order})
+        rows.append(row)
     Path(out_path).write_text(json.dumps(rows))
 
 
@@ -193,7 +242,7 @@ def select(grammars: list[Any], n: int, match: str | None, timeout: float, max_b
 
 
 def run(schemas: list[str], engines: tuple[str, ...], max_tokens: int,
-        progress: Callable[[], None] | None = None) -> dict[str, Any]:
+        progress: Callable[[], None] | None = None, repeats: int = 1) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="maskcache-e2e-") as tmp:
         listing = Path(tmp) / "schemas.json"
@@ -204,7 +253,7 @@ def run(schemas: list[str], engines: tuple[str, ...], max_tokens: int,
             for setup in SETUPS:
                 out = Path(tmp) / f"{engine}-{setup}.json"
                 proc = run_fresh("outlines_maskcache.bench.jsonschemabench",
-                                 [engine, str(listing), str(out), str(max_tokens)],
+                                 [engine, str(listing), str(out), str(max_tokens), str(repeats)],
                                  plugin=setup != "stock", store=store, capture=True)
                 if proc.returncode != 0:
                     results[engine] = {"skipped": proc.stderr.strip().splitlines()[-1] if proc.stderr else
@@ -240,22 +289,53 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
 def _tpot_ratio(per_schema: list[dict[str, Any]], run: str) -> dict[str, Any]:
     """*run*'s TPOT over the unconstrained TPOT measured next to it, per schema: the median with its 95% CI.
 
-    Also the pooled ratio (all of *run*'s decode time over all of the
-    baseline's, token-weighted), which a few short generations sway less.
+    A schema's ratio pools its rounds (``repeats``): its decode time over
+    its tokens, for *run* and for the baseline.  Also the pooled ratio over
+    all schemas (token-weighted), which a few short generations sway less.
     """
     from outlines_maskcache.bench.paired import bootstrap_median
 
-    pairs = [(r[run], r["unconstrained"]) for r in per_schema if r[run]["tpot"] and r["unconstrained"]["tpot"]]
+    def rounds(r: dict[str, Any]) -> list[dict[str, Any]]:
+        return [r, *r.get("repeats", ())]
+
+    def decode(timings: list[dict[str, Any]]) -> tuple[float, int]:
+        timed = [t for t in timings if t["tpot"]]
+        return sum(t["tpot"] * (t["tokens"] - 1) for t in timed), sum(t["tokens"] - 1 for t in timed)
+
+    pairs = []
+    for r in per_schema:
+        (a, na), (b, nb) = (decode([x[mode] for x in rounds(r)]) for mode in (run, "unconstrained"))
+        if na and nb and a and b:
+            pairs.append(((a, na), (b, nb)))
     if not pairs:
         return {"tpot_over_unconstrained": None, "tpot_ratio_ci": None, "tpot_ratio_pooled": None}
-    median, lo, hi = bootstrap_median([a["tpot"] / b["tpot"] for a, b in pairs])
+    median, lo, hi = bootstrap_median([(a / na) / (b / nb) for (a, na), (b, nb) in pairs])
+    pooled = (sum(a for (a, _), _ in pairs) / sum(na for (_, na), _ in pairs)) / (
+        sum(b for _, (b, _) in pairs) / sum(nb for _, (_, nb) in pairs))
+    return {"tpot_over_unconstrained": median, "tpot_ratio_ci": [lo, hi], "tpot_ratio_pooled": pooled,
+            **_sampling_extra(per_schema, run)}
 
-    def decode_time(t: dict[str, Any]) -> float:
-        return t["tpot"] * (t["tokens"] - 1)
 
-    pooled = (sum(decode_time(a) for a, _ in pairs) / sum(a["tokens"] - 1 for a, _ in pairs)) / (
-        sum(decode_time(b) for _, b in pairs) / sum(b["tokens"] - 1 for _, b in pairs))
-    return {"tpot_over_unconstrained": median, "tpot_ratio_ci": [lo, hi], "tpot_ratio_pooled": pooled}
+def _sampling_extra(per_schema: list[dict[str, Any]], run: str) -> dict[str, Any]:
+    """What *run*'s sampling phase adds per token over the unconstrained one next to it (ms; median, 95% CI).
+
+    Only where sampling was timed (llama.cpp).  Added to the unconstrained
+    TPOT it predicts *run*'s TPOT on a machine whose forward pass does not
+    drift between generations.
+    """
+    from outlines_maskcache.bench.paired import bootstrap_median
+
+    extra = []
+    for r in per_schema:
+        rounds = [r, *r.get("repeats", ())]
+        runs = [x[run] for x in rounds if "sample" in x[run]]
+        bases = [x["unconstrained"] for x in rounds if "sample" in x["unconstrained"]]
+        if runs and bases:
+            extra.append(1000 * (np.mean([t["sample"] for t in runs]) - np.mean([t["sample"] for t in bases])))
+    if not extra:
+        return {}
+    median, lo, hi = bootstrap_median(extra)
+    return {"sample_extra_ms": median, "sample_extra_ci": [lo, hi]}
 
 
 def _stats(timings: list[dict[str, Any]]) -> dict[str, Any]:
@@ -266,7 +346,9 @@ def _stats(timings: list[dict[str, Any]]) -> dict[str, Any]:
             "ttft_ms_p90": float(np.percentile(ttft, 90)) if ttft.size else None,
             "tpot_ms_mean": float(tpot.mean()) if tpot.size else None,
             "tpot_ms_p50": float(np.median(tpot)) if tpot.size else None,
-            "tokens": int(sum(t["tokens"] for t in timings))}
+            "tokens": int(sum(t["tokens"] for t in timings)),
+            **({"sample_ms_mean": 1000 * float(np.mean(sample))}
+               if (sample := [t["sample"] for t in timings if "sample" in t]) else {})}
 
 
 def print_summary(rows: list[dict[str, Any]], schemas: int, left: dict[str, int]) -> None:
@@ -278,18 +360,20 @@ def print_summary(rows: list[dict[str, Any]], schemas: int, left: dict[str, int]
     lines = []
     for r in rows:
         if "skipped" in r:
-            lines.append([r["engine"], "skipped", r["skipped"], "", "", "", "", "", "", ""])
+            lines.append([r["engine"], "skipped", r["skipped"], "", "", "", "", "", "", "", ""])
             continue
         ratio, ci, pooled = r.get("tpot_over_unconstrained"), r.get("tpot_ratio_ci"), r.get("tpot_ratio_pooled")
+        extra, extra_ci = r.get("sample_extra_ms"), r.get("sample_extra_ci")
         lines.append([r["engine"], r["setup"], fmt(r["first_ttft_ms"]), fmt(r["ttft_ms_mean"]), fmt(r["ttft_ms_p50"]),
                       fmt(r["ttft_ms_p90"]), fmt(r["tpot_ms_mean"], ",.2f"), fmt(r["tpot_ms_p50"], ",.2f"),
                       "-" if ratio is None else f"{ratio:.3f}x [{ci[0]:.3f}-{ci[1]:.3f}]",
-                      "-" if pooled is None else f"{pooled:.3f}x"])
+                      "-" if pooled is None else f"{pooled:.3f}x",
+                      "-" if extra is None else f"{extra:+.3f} [{extra_ci[0]:+.3f}/{extra_ci[1]:+.3f}]"])
     out = ", ".join(f"{v} {k}" for k, v in left.items()) or "none"
     table(f"end to end, SmolLM2-135M, {schemas} schemas (left out: {out})",
           ["engine", "setup", "first TTFT ms", "TTFT mean ms", "TTFT p50", "TTFT p90", "TPOT mean ms", "TPOT p50",
-           "TPOT / unconstrained (median [95% CI])", "pooled"], lines)
+           "TPOT / unconstrained (median [95% CI])", "pooled", "sampling +ms/token [95% CI]"], lines)
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    _child(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 1)

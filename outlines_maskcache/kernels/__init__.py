@@ -68,14 +68,20 @@ class BlockedIds:
         return int(self.ids.nbytes)
 
 
-def blocks_few(allowed: np.ndarray, blocked_below: float) -> bool:
-    """Whether a state blocks few enough tokens to be kept as :class:`BlockedIds`."""
-    return blocked_below > 0 and allowed.size - int(np.count_nonzero(allowed)) <= blocked_below * allowed.size
+def blocks_few(allowed: np.ndarray, blocked_below: float, count: int | None = None) -> bool:
+    """Whether a state blocks few enough tokens to be kept as :class:`BlockedIds` (*count*: allowed, if known)."""
+    if blocked_below <= 0:
+        return False
+    count = int(np.count_nonzero(allowed)) if count is None else count
+    return allowed.size - count <= blocked_below * allowed.size
 
 
-def is_sparse(allowed: np.ndarray, sparse_below: float) -> bool:
-    """Whether a state allows few enough tokens to be cached as their ids."""
-    return sparse_below > 0 and int(np.count_nonzero(allowed)) <= sparse_below * allowed.size
+def is_sparse(allowed: np.ndarray, sparse_below: float, count: int | None = None) -> bool:
+    """Whether a state allows few enough tokens to be cached as their ids (*count*: allowed, if known)."""
+    if sparse_below <= 0:
+        return False
+    count = int(np.count_nonzero(allowed)) if count is None else count
+    return count <= sparse_below * allowed.size
 
 
 def bound_row(allowed: np.ndarray, dtype: Any = np.float32) -> np.ndarray:
@@ -98,13 +104,13 @@ def allowed_from_words(words: np.ndarray, width: int) -> np.ndarray:
     """Decode a stock int32 bitmask into a bool vector of *width* tokens.
 
     Bits past the bitmask are disallowed, exactly as the stock kernels set
-    every logit beyond ``32 * len(words)`` to -inf.
+    every logit beyond ``32 * len(words)`` to -inf (``unpackbits`` pads a
+    ``count`` past the data with zeros).  One pass, viewed as bool: this runs
+    on every first visit of a state, right after a forward pass has evicted
+    the caches.
     """
-    bits = np.unpackbits(np.ascontiguousarray(words, dtype="<i4").view(np.uint8), bitorder="little")
-    allowed = np.zeros(width, dtype=bool)
-    n = min(width, bits.size)
-    allowed[:n] = bits[:n].astype(bool)
-    return allowed
+    data = np.ascontiguousarray(words, dtype="<i4").view(np.uint8)
+    return np.unpackbits(data, count=width, bitorder="little").view(bool)
 
 
 def allowed_from_ids(ids: Any, width: int) -> np.ndarray:
