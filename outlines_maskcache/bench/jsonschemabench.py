@@ -286,6 +286,11 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _rounds(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A schema's rounds: the first (its row itself) and any ``--repeats``."""
+    return [row, *row.get("repeats", ())]
+
+
 def _tpot_ratio(per_schema: list[dict[str, Any]], run: str) -> dict[str, Any]:
     """*run*'s TPOT over the unconstrained TPOT measured next to it, per schema: the median with its 95% CI.
 
@@ -295,16 +300,13 @@ def _tpot_ratio(per_schema: list[dict[str, Any]], run: str) -> dict[str, Any]:
     """
     from outlines_maskcache.bench.paired import bootstrap_median
 
-    def rounds(r: dict[str, Any]) -> list[dict[str, Any]]:
-        return [r, *r.get("repeats", ())]
-
     def decode(timings: list[dict[str, Any]]) -> tuple[float, int]:
         timed = [t for t in timings if t["tpot"]]
         return sum(t["tpot"] * (t["tokens"] - 1) for t in timed), sum(t["tokens"] - 1 for t in timed)
 
     pairs = []
     for r in per_schema:
-        (a, na), (b, nb) = (decode([x[mode] for x in rounds(r)]) for mode in (run, "unconstrained"))
+        (a, na), (b, nb) = (decode([x[mode] for x in _rounds(r)]) for mode in (run, "unconstrained"))
         if na and nb and a and b:
             pairs.append(((a, na), (b, nb)))
     if not pairs:
@@ -334,7 +336,7 @@ def _sampling_extra(per_schema: list[dict[str, Any]], run: str) -> dict[str, Any
         return 1000 * (float(np.mean(runs)) - float(np.mean(bases))) if runs and bases else None
 
     out: dict[str, Any] = {}
-    for name, pick in (("sample_extra", lambda r: [r]), ("sample_extra_repeats", lambda r: r.get("repeats", []))):
+    for name, pick in (("sample_extra", lambda r: _rounds(r)[:1]), ("sample_extra_repeats", lambda r: _rounds(r)[1:])):
         values = [v for v in (extra(pick(r)) for r in per_schema) if v is not None]
         if values:
             median, lo, hi = bootstrap_median(values)

@@ -24,7 +24,8 @@ class Kernel(Protocol):
 
         A kernel may return the allowed ids instead of a dense row when
         :func:`is_sparse` says so: far fewer bytes, and applied by moving the
-        few allowed values instead of combining a whole row.
+        few allowed values instead of combining a whole row; or, where
+        :func:`blocks_few` says so, the blocked ids (:class:`BlockedIds`).
         """
 
     def nbytes(self, row: Any) -> int: ...

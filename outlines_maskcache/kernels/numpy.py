@@ -11,7 +11,7 @@ States that block few tokens (inside a JSON string: 3-5% of the vocabulary,
 a third of MaskBench's steps) are kept as the blocked ids
 (:class:`BlockedIds`) and applied by writing -inf at those ids alone: exact
 for every input, and on llama.cpp's strided candidate view ~8x cheaper than
-a whole-row minimum (49k tokens, 4% blocked: 7 vs 62 us; docs/benchmarks.md).
+a whole-row minimum (49k tokens, 4% blocked: 7 vs 62 us; docs/design.md).
 On contiguous torch rows fresh from a matmul the scattered writes cost as
 much as the streaming op from ~2% blocked on, so the torch kernel keeps its
 dense rows.
