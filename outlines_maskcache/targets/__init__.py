@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from outlines_maskcache.patching import Target
-from outlines_maskcache.targets import guide_processor, outlines_core_backend, sglang, vllm_v1
+from outlines_maskcache.targets import guide_processor, llamacpp_sampler, outlines_core_backend, sglang, vllm_v1
 
 TARGETS: list[Target] = [
     Target(
@@ -21,6 +21,15 @@ TARGETS: list[Target] = [
         module="outlines.processors.structured",
         patches=guide_processor.patches,
         note="Regex/JSON GuideLogitsProcessor of the 0.1-1.1 line (transformers, llama.cpp, mlx-lm, vLLM offline); CFG stays stock",
+    ),
+    Target(
+        name="llamacpp-sampler",
+        distributions=("llama-cpp-python",),
+        # 0.3.0 moved sampling into llama.cpp's sampler chain with the custom-sampler hook.
+        supported=">=0.3.0,<0.4",
+        module="llama_cpp._internals",
+        patches=llamacpp_sampler.patches,
+        note="llama-cpp-python's logits-processor hook, for outlines processors only (no per-token recarray, no self-copy)",
     ),
     Target(
         name="vllm-v1",

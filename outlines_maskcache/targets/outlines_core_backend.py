@@ -140,7 +140,11 @@ def patches(module: ModuleType) -> list[Patch]:
                     return masked(self, input_ids, logits)
                 if len(shape) == 1 and len(ids_shape) == 1 and type(logits) is np.ndarray \
                         and type(input_ids) is np.ndarray:
-                    return masked(self, input_ids[None], logits[None])[0]
+                    rows = logits[None]
+                    out = masked(self, input_ids[None], rows)
+                    # Masked in place: hand back the caller's own array, which
+                    # lets llama.cpp's hook skip its copy-back (llamacpp_sampler).
+                    return logits if out is rows else out[0]
         return stock_call(self, input_ids, logits)
 
     def __init__(self: Any, model: Any) -> None:

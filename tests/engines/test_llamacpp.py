@@ -109,3 +109,123 @@ def test_replacement_character_vocabulary_matches_stock(model):
     assert call() == stock
     assert mc.stats()["verified"] > 0
     _assert_clean()
+
+
+# -- the llama-cpp-python hook (target llamacpp-sampler) ------------------------------
+
+
+def _hook_of(llm, processors):
+    """The function llama-cpp-python's sampler chain calls per token for *processors*."""
+    sampler = llm._init_sampler(temp=0.0, logits_processor=processors)
+    try:
+        return sampler.custom_samplers[0][1].apply_func
+    finally:
+        sampler.close() if hasattr(sampler, "close") else None
+
+
+def _candidates(values):
+    """A C ``llama_token_data_array`` over *values*, as llama.cpp hands it to the hook."""
+    import ctypes
+
+    import numpy as np
+
+    data = (llama_cpp.llama_token_data * len(values))()
+    for i, v in enumerate(values):
+        data[i].id, data[i].logit, data[i].p = i, float(v), 0.5
+    array = llama_cpp.llama_token_data_array(data=ctypes.cast(data, llama_cpp.llama_token_data_p),
+                                             size=len(values), selected=-1, sorted=False)
+    view = np.frombuffer(data, dtype=np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True))
+    return ctypes.pointer(array), data, view
+
+
+def test_sampler_hook_is_replaced_only_for_outlines_processors(model):
+    import outlines
+
+    llm = model.model
+    processor = outlines.backends.outlines_core.OutlinesCoreBackend(model).get_json_schema_logits_processor(
+        json.dumps(City.model_json_schema()))
+    ours = _hook_of(llm, llama_cpp.LogitsProcessorList([processor]))
+    assert ours.__qualname__ != "Llama._init_sampler.<locals>.apply_func"
+    assert ours.__wrapped__.__qualname__ == "Llama._init_sampler.<locals>.apply_func"
+    assert mc.stats()["sampler_hooks"] == 1
+    # Every hook made with the cache disabled or uninstalled is llama-cpp-python's own.
+    with mc.disabled():
+        assert _hook_of(llm, [processor]).__qualname__ == "Llama._init_sampler.<locals>.apply_func"
+    mc.uninstall()
+    assert "add_custom" in llama_cpp._internals.LlamaSampler.__dict__
+    assert _hook_of(llm, [processor]).__qualname__ == "Llama._init_sampler.<locals>.apply_func"
+    mc.install()
+    assert "llamacpp-sampler" in mc.installed_targets()
+
+
+def test_sampler_hook_writes_what_stock_writes(model):
+    """Per call, over real candidates: the fast hook leaves the C array byte for byte as llama-cpp-python's does."""
+    import numpy as np
+    import outlines
+
+    backend = outlines.backends.outlines_core.OutlinesCoreBackend(model)
+    llm = model.model
+    prompt = llm.tokenize(b"Describe Paris as JSON.")
+    rng = np.random.default_rng(0)
+    width = llm.n_vocab()
+
+    class Shifted(outlines.processors.base_logits_processor.OutlinesLogitsProcessor):
+        """An outlines processor that returns a new array: the hook must copy it back."""
+
+        def __init__(self):
+            super().__init__("numpy")
+
+        def process_logits(self, input_ids, logits):
+            return logits * 0.5 + 1.0
+
+    def foreign():
+        # Not an outlines processor: the replaced hook hands the call to stock's per call.
+        return lambda input_ids, logits: np.where(logits > 0, logits, -np.inf)
+
+    steps = [rng.standard_normal(width).astype(np.float32) for _ in range(6)]
+    for values in steps:
+        values[:3] = (np.nan, np.inf, -np.inf)
+    for make in (lambda: backend.get_json_schema_logits_processor(json.dumps(City.model_json_schema())),
+                 lambda: backend.get_regex_logits_processor(DATE), Shifted, foreign):
+        outputs = []
+        for variant in ("stock", "cached"):
+            llm.reset()
+            llm.eval(prompt)
+            processors = [make()]
+            with mc.disabled() if variant == "stock" else _nothing():
+                hook = _hook_of(llm, processors)
+            written = []
+            for values in steps:
+                pointer, data, view = _candidates(values)
+                hook(pointer)
+                written.append(view.tobytes())
+                # Feed back an allowed token, so the next call advances the processor's guide.
+                logit = view["logit"]
+                llm.eval([int(np.where(np.isfinite(logit), logit, -np.inf).argmax())])
+            outputs.append(written)
+        assert outputs[0] == outputs[1], make
+    assert mc.stats()["sampler_hooks"] == 4
+    assert mc.stats()["fallbacks"] == 0
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_sampler_hook_falls_back_to_stock_on_an_unknown_closure(model, caplog):
+    """A closure with stock's name but another shape runs unchanged, with one warning."""
+    from outlines_maskcache.targets import llamacpp_sampler
+
+    def apply_func(token_data_array):
+        return token_data_array
+
+    apply_func.__qualname__ = llamacpp_sampler.QUALNAME
+    sampler = llama_cpp._internals.LlamaSampler()
+    sampler.add_custom(apply_func)
+    assert sampler.custom_samplers[0][1].apply_func is apply_func
+    assert mc.stats()["fallbacks"] == 1
+    assert "shape this version does not know" in caplog.text

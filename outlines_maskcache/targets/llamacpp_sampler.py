@@ -1,0 +1,123 @@
+"""Adapter for llama-cpp-python's logits-processor hook (``llama_cpp._internals.LlamaSampler.add_custom``).
+
+llama-cpp-python runs logits processors inside a custom sampler that
+``Llama._init_sampler`` builds for every generation: a closure
+(``apply_func``) that, per token, builds a new ``np.dtype`` and an
+``np.recarray`` over the C candidate array, reads the ``logit`` field view
+twice and assigns the processor's result back over it.  Measured in a real
+decode loop (SmolLM2-135M, 49k vocabulary, right after the forward pass that
+evicted the caches) that wrapping costs ~110 us a token before any processor
+runs: a third of what outlines' constraint adds to the sampling phase, and
+more than a warm cached mask (docs/benchmarks.md).
+
+Patched: ``LlamaSampler.add_custom``.  When the function handed to it is
+that ``apply_func`` (recognised by its qualified name, its free variables
+and the names its code reads, so another version's closure is not
+mistaken for it), it is replaced by an equivalent that
+
+* views the candidates' ``logit`` field as a strided float32 array built
+  from the same address, size, offset and stride (kept while the address
+  and size repeat, which they do token after token);
+* calls each processor with ``llama._input_ids`` and that view, exactly as
+  stock does; and
+* writes a result back unless it *is* that view (stock's assignment of an
+  array onto itself changes nothing, so skipping it is exact).
+
+It does so only while the cache is active and every processor in the list
+is an outlines processor; otherwise, and for any other function given to
+``add_custom``, llama-cpp-python's own code runs.  A closure named
+``apply_func`` that does not match the known shape runs stock with one
+warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+
+from outlines_maskcache.patching import Patch
+from outlines_maskcache.runtime import RUNTIME
+
+#: ``Llama._init_sampler``'s closure, as llama-cpp-python 0.3.x writes it
+QUALNAME = "Llama._init_sampler.<locals>.apply_func"
+FREEVARS = ("logits_processor", "self")
+#: names its code must read: the recarray over ``llama_token_data`` and the processors' inputs
+READS = frozenset({"recarray", "logit", "_input_ids", "llama_token_data", "from_address"})
+#: the record stock builds over each candidate (id, logit, p)
+STOCK_DTYPE = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+
+
+def _is_stock_apply(func: Any) -> bool:
+    code = getattr(func, "__code__", None)
+    return (code is not None and getattr(func, "__qualname__", None) == QUALNAME
+            and code.co_freevars == FREEVARS and READS <= set(code.co_names)
+            and func.__closure__ is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def _outlines_processor_type() -> type | None:
+    """outlines' processor base class, looked up when a hook is first made (outlines may be imported after us)."""
+    try:
+        from outlines.processors.base_logits_processor import OutlinesLogitsProcessor
+    except Exception:  # noqa: BLE001 - without outlines nothing is ours to speed up
+        return None
+    return OutlinesLogitsProcessor
+
+
+def patches(module: ModuleType) -> list[Patch]:
+    import llama_cpp
+
+    sampler_cls = module.LlamaSampler
+    stock_add = sampler_cls.__dict__["add_custom"]
+    record = llama_cpp.llama_token_data
+    # The view below must address exactly the bytes stock's recarray does.
+    stride, offset = ctypes.sizeof(record), record.logit.offset
+    if (stride, offset) != (STOCK_DTYPE.itemsize, STOCK_DTYPE.fields["logit"][1]) or record.logit.size != 4:
+        raise TypeError(f"llama_token_data layout {stride=} {offset=} differs from the record stock views")
+
+    def faster(stock_apply: Callable[[Any], None], ours: type) -> Callable[[Any], None]:
+        cells = dict(zip(stock_apply.__code__.co_freevars, stock_apply.__closure__))
+        processors_cell, llama_cell = cells["logits_processor"], cells["self"]
+        seen: list[Any] = [None, None]  # (address, size), the float32 view over that memory
+
+        def apply_func(token_data_array: Any) -> None:
+            processors = processors_cell.cell_contents
+            if not RUNTIME.active() or not all(isinstance(p, ours) for p in processors):
+                return stock_apply(token_data_array)
+            try:
+                candidates = token_data_array.contents
+                size = candidates.size
+                where = (ctypes.cast(candidates.data, ctypes.c_void_p).value, size)
+                if seen[0] != where:
+                    raw = (ctypes.c_char * (size * stride)).from_address(where[0])
+                    seen[1] = np.ndarray((size,), np.float32, raw, offset, (stride,))
+                    seen[0] = where
+                logits = seen[1]
+            except Exception as err:  # noqa: BLE001 - nothing ran yet: stock's hook does it all
+                RUNTIME.fault("llama.cpp sampler hook", err)
+                return stock_apply(token_data_array)
+            input_ids = llama_cell.cell_contents._input_ids
+            for processor in processors:
+                result = processor(input_ids, logits)
+                if result is not logits:
+                    logits[:] = result
+
+        apply_func.__wrapped__ = stock_apply  # type: ignore[attr-defined]
+        return apply_func
+
+    def add_custom(self: Any, apply_func: Callable[[Any], None]) -> Any:
+        ours = _outlines_processor_type()
+        if ours is not None and RUNTIME.active() and getattr(apply_func, "__qualname__", None) == QUALNAME:
+            if _is_stock_apply(apply_func):
+                RUNTIME.cache.count("sampler_hooks")
+                apply_func = faster(apply_func, ours)
+            else:
+                RUNTIME.fault("llama.cpp sampler hook", TypeError(
+                    f"{QUALNAME} has a shape this version does not know; llama-cpp-python's own hook runs"))
+        return stock_add(self, apply_func)
+
+    return [Patch(sampler_cls, "add_custom", add_custom)]
