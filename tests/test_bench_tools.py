@@ -114,3 +114,12 @@ def test_jsonschemabench_sampling_phase_per_token_over_the_baseline():
     assert extra["sample_extra_repeats_ms"] == pytest.approx(0.6)  # the later round of the second schema
     rows = jsb.summarize({"llamacpp": {"warm": per_schema}})
     assert rows[2]["sample_extra_ms"] == pytest.approx(0.35) and rows[0]["sample_ms_mean"] == pytest.approx(0.1)
+
+
+def test_timed_processor_shim_forwards_and_counts():
+    from outlines_maskcache.bench.paired import _Timed
+
+    seen = []
+    shim = _Timed(lambda ids, scores: seen.append(ids) or scores * 2)
+    assert shim(1, 3) == 6 and shim(2, 5) == 10
+    assert seen == [1, 2] and shim.calls == 2 and shim.seconds >= 0.0
