@@ -54,8 +54,7 @@ STOCK_DTYPE = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)]
 def _is_stock_apply(func: Any) -> bool:
     code = getattr(func, "__code__", None)
     return (code is not None and getattr(func, "__qualname__", None) == QUALNAME
-            and code.co_freevars == FREEVARS and READS <= set(code.co_names)
-            and func.__closure__ is not None)
+            and code.co_freevars == FREEVARS and READS <= set(code.co_names))
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,8 +109,9 @@ def patches(module: ModuleType) -> list[Patch]:
         return apply_func
 
     def add_custom(self: Any, apply_func: Callable[[Any], None]) -> Any:
-        ours = _outlines_processor_type()
-        if ours is not None and RUNTIME.active() and getattr(apply_func, "__qualname__", None) == QUALNAME:
+        # Anything but llama's own closure passes straight through, before any lookup.
+        ours = _outlines_processor_type() if getattr(apply_func, "__qualname__", None) == QUALNAME else None
+        if ours is not None and RUNTIME.active():
             if _is_stock_apply(apply_func):
                 RUNTIME.cache.count("sampler_hooks")
                 apply_func = faster(apply_func, ours)

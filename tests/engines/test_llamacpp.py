@@ -16,6 +16,7 @@ builds on a grammar (``[^\n]``) that allows those keys.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Literal
@@ -117,10 +118,7 @@ def test_replacement_character_vocabulary_matches_stock(model):
 def _hook_of(llm, processors):
     """The function llama-cpp-python's sampler chain calls per token for *processors*."""
     sampler = llm._init_sampler(temp=0.0, logits_processor=processors)
-    try:
-        return sampler.custom_samplers[0][1].apply_func
-    finally:
-        sampler.close() if hasattr(sampler, "close") else None
+    return sampler.custom_samplers[0][1].apply_func
 
 
 def _candidates(values):
@@ -192,7 +190,7 @@ def test_sampler_hook_writes_what_stock_writes(model):
             llm.reset()
             llm.eval(prompt)
             processors = [make()]
-            with mc.disabled() if variant == "stock" else _nothing():
+            with mc.disabled() if variant == "stock" else contextlib.nullcontext():
                 hook = _hook_of(llm, processors)
             written = []
             for values in steps:
@@ -206,14 +204,6 @@ def test_sampler_hook_writes_what_stock_writes(model):
         assert outputs[0] == outputs[1], make
     assert mc.stats()["sampler_hooks"] == 4
     assert mc.stats()["fallbacks"] == 0
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_sampler_hook_falls_back_to_stock_on_an_unknown_closure(model, caplog):
