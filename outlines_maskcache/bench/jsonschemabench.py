@@ -60,11 +60,11 @@ def _noop(input_ids: Any, scores: Any) -> Any:
     return scores
 
 
-#: seconds of each ``Llama.sample`` call of the current generation (see :func:`_time_llamacpp_sampling`)
+#: seconds of each ``Llama.sample`` call of the current generation (see :func:`time_llamacpp_sampling`)
 _SAMPLING: list[float] = []
 
 
-def _time_llamacpp_sampling() -> None:
+def time_llamacpp_sampling() -> None:
     """Time every ``Llama.sample`` call: the logits processor runs inside it, the forward pass does not.
 
     A wall-clock TPOT ratio cannot resolve a 1% difference while neighbours
@@ -86,9 +86,13 @@ def _time_llamacpp_sampling() -> None:
     llama_cpp.Llama.sample = timed
 
 
-def _stamps_llamacpp(model: Any, schema: str, mode: str,
-                     max_tokens: int) -> tuple[float, list[float], list[float]]:
-    """(start, time of each streamed token, each sampling call's seconds) for one generation through outlines' llama.cpp model."""
+def stamps_llamacpp(model: Any, schema: str, mode: str, max_tokens: int,
+                    text: list[str] | None = None) -> tuple[float, list[float], list[float]]:
+    """(start, time of each streamed token, each sampling call's seconds) for one generation through outlines' llama.cpp model.
+
+    *text*, when given, receives the generated text piece by piece, for
+    comparing what the variants generated.
+    """
     import llama_cpp
     import outlines
 
@@ -105,8 +109,10 @@ def _stamps_llamacpp(model: Any, schema: str, mode: str,
         chunks = generator.stream(_prompt(schema), **kwargs)
     stamps = []
     _SAMPLING.clear()
-    for _ in chunks:
+    for chunk in chunks:
         stamps.append(time.perf_counter())
+        if text is not None:
+            text.append(chunk if isinstance(chunk, str) else chunk["choices"][0]["text"])
     return start, stamps, list(_SAMPLING)
 
 
@@ -173,12 +179,12 @@ def _child(engine: str, schemas_path: str, out_path: str, max_tokens: int, repea
         import outlines
 
         folder, name = _smollm2_dir()
-        _time_llamacpp_sampling()
+        time_llamacpp_sampling()
         llm = outlines.from_llamacpp(llama_cpp.Llama(model_path=f"{folder}/{name}", n_ctx=2048, verbose=False,
                                                      seed=0))
 
         def one(schema: str, mode: str, tokens: int) -> tuple[float, list[float], list[float]]:
-            return _stamps_llamacpp(llm, schema, mode, tokens)
+            return stamps_llamacpp(llm, schema, mode, tokens)
     else:
         import outlines
 

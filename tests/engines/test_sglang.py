@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import outlines_maskcache as mc
+from engine_plugins import assert_plugin_respects_master_switch
 from material import gpt2_tokenizer
 
 pytest.importorskip("sglang", reason="sglang is not installed (see .ci/lanes/50-sglang.sh)")
@@ -163,13 +164,7 @@ def test_fault_falls_back_to_sglang(backend, tokenizer, monkeypatch):
 def test_plugin_respects_master_switch(monkeypatch):
     from outlines_maskcache.targets import sglang as adapter
 
-    mc.uninstall()
-    monkeypatch.setenv("OUTLINES_MASKCACHE", "0")
-    adapter.plugin()
-    assert "sglang" not in mc.installed_targets()
-    monkeypatch.setenv("OUTLINES_MASKCACHE", "1")
-    adapter.plugin()
-    assert "sglang" in mc.installed_targets()
+    assert_plugin_respects_master_switch(monkeypatch, adapter.plugin, "sglang")
 
 
 _CHILD = textwrap.dedent("""

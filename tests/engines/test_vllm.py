@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import pytest
 
 import outlines_maskcache as mc
+from engine_plugins import assert_plugin_respects_master_switch
 from material import gpt2_tokenizer, tiny_model
 from outlines_maskcache.kernels import allowed_from_words
 
@@ -221,13 +222,7 @@ def test_plugin_fails_soft_on_unknown_layout(monkeypatch, caplog):
 def test_plugin_respects_master_switch(monkeypatch):
     from outlines_maskcache.targets import vllm_v1
 
-    mc.uninstall()
-    monkeypatch.setenv("OUTLINES_MASKCACHE", "0")
-    vllm_v1.plugin()
-    assert "vllm-v1" not in mc.installed_targets()
-    monkeypatch.setenv("OUTLINES_MASKCACHE", "1")
-    vllm_v1.plugin()
-    assert "vllm-v1" in mc.installed_targets()
+    assert_plugin_respects_master_switch(monkeypatch, vllm_v1.plugin, "vllm-v1")
 
 
 # -- offline LLM.generate, EngineCore in a child process ----------------------
