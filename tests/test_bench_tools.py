@@ -15,6 +15,7 @@ import torch
 
 from outlines_maskcache.bench import micro
 from outlines_maskcache.bench.paired import bootstrap_median
+from versions import requires_outlines_core_backend
 
 
 def test_loops_give_fresh_logits_and_only_the_realistic_one_sweeps():
@@ -125,6 +126,7 @@ def test_timed_processor_shim_forwards_and_counts():
     assert seen == [1, 2] and shim.calls == 2 and shim.seconds >= 0.0
 
 
+@requires_outlines_core_backend  # the script drives outlines 1.2+'s OutlinesCoreLogitsProcessor
 def test_gpu_check_runs_on_cpu_and_compares_real_schemas(tmp_path, monkeypatch):
     """benchmarks/cuda_check.py runs nowhere in CI but a lent GPU: its CPU mode keeps it from rotting.
 
