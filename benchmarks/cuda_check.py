@@ -5,7 +5,8 @@
 1. Identical outputs: for each of N real schemas (../shared/maskbench,
    $MASKBENCH_DATA, or the vendored sample; each compiled in a guarded
    worker, --timeout seconds and 8 GB, since some real schemas take minutes
-   or tens of GB), stock and cached outlines 1.3 processors replay a
+   or tens of GB; one that fails is counted and replaced by the next by
+   name), stock and cached outlines 1.3 processors replay a
    valid instance on random CUDA logits (B=4, rows in different states);
    every step's logits must be equal bit for bit.
 2. Residency: the torch profiler counts host-to-device copies during warm
@@ -54,15 +55,26 @@ def identical(device: str, n_schemas: int, hf, vocabulary, vocab_key: str, timeo
     checked = steps = 0
     skipped = []
     gen = torch.Generator(device="cpu").manual_seed(0)
-    grammars = [g for g in maskbench.sample(maskbench.load_dataset(), n_schemas) if any(ok for ok, _ in g.tests)]
-    # Real schemas can take minutes or tens of GB to compile: each compiles in
-    # a guarded worker (time and memory capped), several at once.
-    report = compile_all(grammars, vocabulary, vocab_key, workers=min(8, os.cpu_count() or 1),
-                         timeout=timeout, max_bytes=8 << 30, keep_index=True)
-    for grammar, outcome in zip(grammars, report.outcomes):
-        if outcome.status not in ("compiled", "stored"):  # unsupported or over the caps: not a mask question
-            skipped.append(f"{grammar.name}: {outcome.status}")
-            continue
+    usable = [g for g in maskbench.load_dataset() if any(ok for ok, _ in g.tests)]
+    spread = maskbench.sample(usable, n_schemas)
+    # An evenly spread sample first, the rest (by name) as replacements for
+    # those that do not compile within the caps, until n_schemas are checked.
+    candidates = spread + [g for g in sorted(usable, key=lambda g: g.name) if all(g is not s for s in spread)]
+    compiled: list = []
+    start = 0
+    while len(compiled) < n_schemas and start < len(candidates):
+        chunk = candidates[start:start + n_schemas - len(compiled)]
+        start += len(chunk)
+        # Real schemas can take minutes or tens of GB to compile: each compiles
+        # in a guarded worker (time and memory capped), several at once.
+        report = compile_all(chunk, vocabulary, vocab_key, workers=min(8, os.cpu_count() or 1),
+                             timeout=timeout, max_bytes=8 << 30, keep_index=True)
+        for grammar, outcome in zip(chunk, report.outcomes):
+            if outcome.status in ("compiled", "stored"):
+                compiled.append((grammar, outcome))
+            else:  # unsupported or over the caps: not a mask question, but counted
+                skipped.append(f"{grammar.name}: {outcome.status}")
+    for grammar, outcome in compiled:
         valid = [data for ok, data in grammar.tests if ok]
         index = Index.from_binary(outcome.index)
         tokens = hf.encode(json.dumps(valid[0]), add_special_tokens=False)

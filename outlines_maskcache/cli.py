@@ -222,7 +222,8 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     rows = []
     with progress_bar(len(args.model) * len(args.batch) * args.rounds * 5, "generate rounds") as advance:
         for name in args.model:
-            rows += paired.run_model(name, args.batch, args.rounds, args.new_tokens, progress=advance)
+            rows += paired.run_model(name, args.batch, args.rounds, args.new_tokens, progress=advance,
+                                    device=args.device)
     paired.print_rows(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(paired.as_json(rows), indent=2))
@@ -406,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     e2e.add_argument("--batch", type=_csv(int), default=[1, 8])
     e2e.add_argument("--rounds", type=int, default=15, help="interleaved rounds (every variant once each)")
     e2e.add_argument("--new-tokens", type=int, default=32)
+    e2e.add_argument("--device", default="cpu", help="with --model: where the model and its logits live (cpu, cuda)")
     e2e.add_argument("--json")
     e2e.add_argument("--schemas", metavar="DIR",
                      help="JSONSchemaBench style instead: TTFT/TPOT of SmolLM2-135M over the schemas in DIR "
