@@ -50,30 +50,16 @@ def processors(index):
 def identical(device: str, n_schemas: int, hf, vocabulary, vocab_key: str, timeout: float) -> dict:
     from outlines_core import Index
 
-    from outlines_maskcache.ahead_of_time import compile_all
-
     checked = steps = 0
-    skipped = []
     gen = torch.Generator(device="cpu").manual_seed(0)
     usable = [g for g in maskbench.load_dataset() if any(ok for ok, _ in g.tests)]
-    spread = maskbench.sample(usable, n_schemas)
-    # An evenly spread sample first, the rest (by name) as replacements for
-    # those that do not compile within the caps, until n_schemas are checked.
-    candidates = spread + [g for g in sorted(usable, key=lambda g: g.name) if all(g is not s for s in spread)]
-    compiled: list = []
-    start = 0
-    while len(compiled) < n_schemas and start < len(candidates):
-        chunk = candidates[start:start + n_schemas - len(compiled)]
-        start += len(chunk)
-        # Real schemas can take minutes or tens of GB to compile: each compiles
-        # in a guarded worker (time and memory capped), several at once.
-        report = compile_all(chunk, vocabulary, vocab_key, workers=min(8, os.cpu_count() or 1),
-                             timeout=timeout, max_bytes=8 << 30, keep_index=True)
-        for grammar, outcome in zip(chunk, report.outcomes):
-            if outcome.status in ("compiled", "stored"):
-                compiled.append((grammar, outcome))
-            else:  # unsupported or over the caps: not a mask question, but counted
-                skipped.append(f"{grammar.name}: {outcome.status}")
+    # Real schemas can take minutes or tens of GB to compile: each compiles in
+    # a guarded worker (time and memory capped), several at once; one that
+    # fails is counted and replaced by the next (by name).
+    compiled, failed = maskbench.sample_that_compiles(usable, n_schemas, vocabulary, vocab_key, timeout=timeout,
+                                                      max_bytes=8 << 30, workers=min(8, os.cpu_count() or 1),
+                                                      keep_index=True)
+    skipped = [f"{grammar.name}: {outcome.status}" for grammar, outcome in failed]
     for grammar, outcome in compiled:
         valid = [data for ok, data in grammar.tests if ok]
         index = Index.from_binary(outcome.index)

@@ -218,33 +218,22 @@ def select(grammars: list[Any], n: int, match: str | None, timeout: float, max_b
            hf_tokenizer: Any) -> tuple[list[Any], dict[str, int]]:
     """*n* schemas (name containing *match*, evenly spread) that compile within the caps, and what was left out."""
     import outlines_maskcache as mc
-    from outlines_maskcache.ahead_of_time import compile_all, outlines_vocabulary
+    from outlines_maskcache.ahead_of_time import outlines_vocabulary
 
-    from outlines_maskcache.bench.maskbench import sample
+    from outlines_maskcache.bench.maskbench import sample_that_compiles
 
     matching = [g for g in grammars if g.kind == "json" and (not match or match.lower() in g.name.lower())]
-    # An evenly spread fixed sample first (names sort by tool, so the first n
-    # would be one tool's variants), the rest behind it as replacements.
-    spread = sample(matching, n)
-    candidates = spread + [g for g in matching if all(g is not s for s in spread)]
     previous = mc.settings().store
     mc.configure(store=False)  # a trial compile: nothing of it may warm the setups' store
     try:
         vocabulary, key = outlines_vocabulary(hf_tokenizer)
-        chosen: list[Any] = []
-        left: dict[str, int] = {}
-        for chunk in (candidates[i:i + n] for i in range(0, len(candidates), n)):
-            report = compile_all(chunk, vocabulary, key, timeout=timeout, max_bytes=max_bytes)
-            for grammar, outcome in zip(chunk, report.outcomes):
-                if outcome.status in ("compiled", "stored") and len(chosen) < n:
-                    chosen.append(grammar)
-                elif outcome.status not in ("compiled", "stored"):
-                    left[outcome.status] = left.get(outcome.status, 0) + 1
-            if len(chosen) >= n:
-                break
+        chosen, failed = sample_that_compiles(matching, n, vocabulary, key, timeout=timeout, max_bytes=max_bytes)
     finally:
         mc.configure(store=previous)
-    return chosen, left
+    left: dict[str, int] = {}
+    for _, outcome in failed:
+        left[outcome.status] = left.get(outcome.status, 0) + 1
+    return [grammar for grammar, _ in chosen], left
 
 
 def run(schemas: list[str], engines: tuple[str, ...], max_tokens: int,

@@ -77,6 +77,34 @@ def sample(grammars: list[Grammar], n: int) -> list[Grammar]:
     return [ordered[int(i * step)] for i in range(n)]
 
 
+def sample_that_compiles(grammars: list[Grammar], n: int, vocabulary: Any, vocab_key: str, *, timeout: float,
+                         max_bytes: int, workers: int = 1, keep_index: bool = False) -> tuple[list, list]:
+    """*n* grammars that compile within the caps: (compiled, failed), each a list of (grammar, Outcome).
+
+    The evenly spread :func:`sample` first (names sort by tool, so the first
+    *n* would be one tool's variants), then the rest in their order as
+    replacements for those that time out, run out of memory or are
+    unsupported.  Each round compiles, in guarded workers, only as many as
+    are still missing.
+    """
+    from outlines_maskcache.ahead_of_time import compile_all
+
+    spread = sample(grammars, n)
+    taken = {id(g) for g in spread}
+    candidates = spread + [g for g in grammars if id(g) not in taken]
+    compiled: list = []
+    failed: list = []
+    start = 0
+    while len(compiled) < n and start < len(candidates):
+        chunk = candidates[start:start + n - len(compiled)]
+        start += len(chunk)
+        report = compile_all(chunk, vocabulary, vocab_key, workers=workers, timeout=timeout, max_bytes=max_bytes,
+                             keep_index=keep_index)
+        for grammar, outcome in zip(chunk, report.outcomes):
+            (compiled if outcome.status in ("compiled", "stored") else failed).append((grammar, outcome))
+    return compiled, failed
+
+
 @dataclass
 class Tally:
     tbm_us: list[float] = field(default_factory=list)
