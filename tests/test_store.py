@@ -99,6 +99,16 @@ def test_corrupt_entries_are_misses_deleted_and_counted(store, kind, caplog):
     assert sum("failed verification" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_header_whose_length_contradicts_the_file_is_a_miss(store):
+    store.put(KEY, b"small")
+    data = bytearray(_entry(store).read_bytes())
+    magic, fmt, _, key_sha, payload_sha = _HEADER.unpack_from(data)
+    data[: _HEADER.size] = _HEADER.pack(magic, fmt, 1 << 60, key_sha, payload_sha)
+    _entry(store).write_bytes(bytes(data))
+    assert store.get(KEY) is None
+    assert store.counters.corrupt == 1
+
+
 def test_an_entry_renamed_to_another_key_is_foreign(store):
     store.put(KEY, b"payload of KEY")
     target = _entry(store, OTHER)
