@@ -39,14 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     batch, vocab = args.batch, args.vocab
     words = (vocab + 31) // 32
     rng = np.random.default_rng(0)
-    states = []
+    states, blocked = [], []
     for _ in range(2):
         allowed = np.zeros(words * 32, dtype=bool)
         allowed[:vocab] = rng.random(vocab) > args.blocked
         states.append(np.packbits(allowed, bitorder="little").view(np.int32))
+        blocked.append(torch.from_numpy(np.flatnonzero(~allowed[:vocab])))
     bitmask = torch.from_numpy(np.stack([states[r % 2] for r in range(batch)]))
-    blocked = [torch.from_numpy(np.flatnonzero(~np.unpackbits(s.view(np.uint8), bitorder="little")[:vocab].astype(bool)))
-               for s in states]
     stacked = np.stack(states)
     weights, hidden = torch.randn(256, vocab), torch.randn(batch, 256)
 
