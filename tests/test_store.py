@@ -226,6 +226,105 @@ def test_threads_writing_and_reading_one_key(store):
     assert store.get(KEY) == payload
 
 
+# -- large entries: read and verified by several threads ----------------------
+
+from outlines_maskcache import store as store_module  # noqa: E402
+
+#: three full chunks and a short fourth: every reader thread has work, and the last chunk is partial
+BIG = 3 * store_module._CHUNK + 12_345
+
+
+@pytest.fixture()
+def big_store(tmp_path, monkeypatch) -> Store:
+    monkeypatch.setattr(store_module, "_cpus", lambda: 3)  # more readers than this machine may have cores
+    return Store(tmp_path / "big", 64 << 20)
+
+
+def test_large_entry_round_trips_through_parallel_and_single_thread_reads(big_store, monkeypatch):
+    payload = os.urandom(BIG)
+    assert big_store.put(KEY, payload)
+    calls: list[int] = []
+    real = store_module._read_in_parallel
+    monkeypatch.setattr(store_module, "_read_in_parallel",
+                        lambda *a: calls.append(a[-1]) or real(*a))
+    got = big_store.get(KEY)
+    assert type(got) is bytes and got == payload  # bytes: outlines_core's from_binary takes it fast
+    assert calls == [3], "a multi-chunk entry is read by several threads"
+    monkeypatch.setattr(store_module, "_cpus", lambda: 1)
+    assert big_store.get(KEY) == payload  # the digest does not depend on how many threads computed it
+    monkeypatch.setattr(store_module, "_fresh_bytes", None)  # an interpreter without the C API: one thread
+    monkeypatch.setattr(store_module, "_cpus", lambda: 3)
+    assert big_store.get(KEY) == payload
+    assert calls == [3]
+    assert big_store.counters.corrupt == 0
+
+
+@pytest.mark.parametrize("where", [0, store_module._CHUNK + 5, BIG - 1], ids=["first-chunk", "second-chunk", "last-byte"])
+def test_a_flipped_byte_in_any_chunk_of_a_large_entry_is_a_miss(big_store, where):
+    payload = os.urandom(BIG)
+    big_store.put(KEY, payload)
+    path = _entry(big_store)
+    with open(path, "r+b") as fh:
+        fh.seek(_HEADER.size + where)
+        byte = fh.read(1)
+        fh.seek(_HEADER.size + where)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    assert big_store.get(KEY) is None
+    assert big_store.counters.corrupt == 1 and not path.exists()
+
+
+def test_a_file_that_ends_early_during_a_parallel_read_is_a_miss(big_store, monkeypatch):
+    """The size check passed, then a chunk read hits the end of the file (it changed under the reader)."""
+    big_store.put(KEY, os.urandom(BIG))
+    real = os.preadv
+
+    def ends_early(fd, buffers, offset):
+        return 0 if offset >= _HEADER.size + 2 * store_module._CHUNK else real(fd, buffers, offset)
+
+    monkeypatch.setattr(store_module.os, "preadv", ends_early)
+    assert big_store.get(KEY) is None
+    assert big_store.counters.corrupt == 1
+
+
+@pytest.mark.parametrize("error", [OSError(errno.EIO, "I/O error"), RuntimeError("a bug")], ids=["EIO", "unexpected"])
+def test_a_read_error_in_a_helper_thread_is_a_counted_miss(big_store, monkeypatch, error):
+    payload = os.urandom(BIG)
+    big_store.put(KEY, payload)
+    real = os.preadv
+
+    def fails_on_chunk_one(fd, buffers, offset):
+        if offset == _HEADER.size + store_module._CHUNK:  # chunk 1 is a helper thread's with 3 readers
+            raise error
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(store_module.os, "preadv", fails_on_chunk_one)
+    assert big_store.get(KEY) is None
+    assert (big_store.counters.errors, big_store.counters.corrupt) == (1, 0)
+    monkeypatch.setattr(store_module.os, "preadv", real)
+    assert big_store.get(KEY) == payload, "an I/O error is not corruption: the entry stays"
+
+
+def test_entries_of_an_older_layout_are_never_read_and_are_evicted_first(tmp_path):
+    import time
+
+    store = Store(tmp_path / "s", 3 * (_HEADER.size + 1000))
+    old = store.root / "v1" / KEY[:2] / (KEY[2:] + ".bin")
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"an entry of the format-1 layout" * 40)
+    time.sleep(0.02)
+    assert store.get(KEY) is None and store.counters.corrupt == 0  # another layout's folder: not looked at
+    keys = [f"{i:02x}" * 32 for i in range(1, 4)]
+    for key in keys:
+        assert store.put(key, b"n" * 1000)
+        time.sleep(0.02)
+    assert not old.exists(), "the old layout's file was the least recently used"
+    assert all(store.get(key) for key in keys[1:])
+    store.root.joinpath("v1", "ef").mkdir()
+    store.root.joinpath("v1", "ef", "cd" * 31 + ".bin").write_bytes(b"x")
+    store.clear()
+    assert not list(store._all_entries())
+
+
 # -- through outlines ------------------------------------------------------------
 
 outlines_core_backend = pytest.importorskip("outlines.backends.outlines_core", reason="outlines >= 1.2 backend")
