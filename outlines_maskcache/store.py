@@ -374,10 +374,16 @@ def _read_in_parallel(fd: int, offset: int, length: int, readers: int) -> tuple[
         except BaseException as err:  # noqa: BLE001 - handed to the caller's thread below
             failures.append(err)
 
-    helpers = [threading.Thread(target=read_share, args=(i, payload), daemon=True,
-                                name="outlines-maskcache-store-read") for i in range(1, readers)]
-    for thread in helpers:
-        thread.start()
+    helpers = []
+    for share in range(1, readers):
+        thread = threading.Thread(target=read_share, args=(share, payload), daemon=True,
+                                  name="outlines-maskcache-store-read")
+        try:
+            thread.start()
+        except RuntimeError:  # no new thread (e.g. at interpreter shutdown, saving masks): read it here
+            read_share(share, payload)
+            continue
+        helpers.append(thread)
     read_share(0, payload)
     for thread in helpers:
         thread.join()

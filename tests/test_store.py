@@ -259,6 +259,19 @@ def test_large_entry_round_trips_through_parallel_and_single_thread_reads(big_st
     assert big_store.counters.corrupt == 0
 
 
+def test_a_large_read_where_no_thread_can_start_is_done_by_the_caller(big_store, monkeypatch):
+    """At interpreter shutdown (the exit-time save of mask rows reads the store) no new thread starts."""
+    payload = os.urandom(BIG)
+    big_store.put(KEY, payload)
+
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(store_module.threading.Thread, "start", refuse)
+    assert big_store.get(KEY) == payload
+    assert big_store.counters.errors == 0
+
+
 @pytest.mark.parametrize("where", [0, store_module._CHUNK + 5, BIG - 1], ids=["first-chunk", "second-chunk", "last-byte"])
 def test_a_flipped_byte_in_any_chunk_of_a_large_entry_is_a_miss(big_store, where):
     payload = os.urandom(BIG)
