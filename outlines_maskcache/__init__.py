@@ -80,7 +80,9 @@ def configure(
     store_max_bytes: bytes of compiled grammars kept on disk (LRU beyond it).
     compile_timeout / compile_max_bytes: compile new grammars in a child
         process killed past this many seconds / bytes of memory (``None``:
-        in process and unbounded, as stock).
+        in process and unbounded, as stock); with outlines 1.2-1.3 the JSON
+        schema -> regex conversion runs there too, since for some real
+        schemas it alone exhausts memory.
     """
     changes: dict[str, Any] = {
         k: v

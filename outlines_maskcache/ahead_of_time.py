@@ -11,7 +11,8 @@ a schema that would run for minutes or exhaust memory fails alone, with its
 reason, and the run goes on.  Entries are written under exactly the keys
 outlines' own backend looks up (the vocabulary converted by outlines'
 ``create_outlines_core_vocabulary``, the regex from outlines_core's
-``build_regex_from_schema``).
+``build_regex_from_schema``, run in the worker too: for some real schemas the
+conversion alone exhausts memory).
 """
 
 from __future__ import annotations
@@ -107,14 +108,6 @@ def outlines_vocabulary(hf_tokenizer: Any) -> tuple[Any, str]:
     return vocabulary, key
 
 
-def regex_of(grammar: Grammar) -> str:
-    if grammar.kind == "regex":
-        return grammar.spec
-    from outlines_core.json_schema import build_regex_from_schema
-
-    return build_regex_from_schema(grammar.spec, None)
-
-
 def compile_all(grammars: list[Grammar], vocabulary: Any, vocab_key: str, *, workers: int = 1,
                 timeout: float | None = None, max_bytes: int | None = None, keep_index: bool = False,
                 progress: Callable[[], None] | None = None) -> Report:
@@ -126,19 +119,22 @@ def compile_all(grammars: list[Grammar], vocabulary: Any, vocab_key: str, *, wor
 
     def one(grammar: Grammar) -> Outcome:
         began = time.perf_counter()
+
+        def left() -> float | None:  # one time limit for the conversion and the compile together
+            return None if timeout is None else max(0.0, timeout - (time.perf_counter() - began))
+
+        regex: str | None = None
+        worker = free.pop()
         try:
-            regex = regex_of(grammar)
-        except Exception as err:  # noqa: BLE001 - an unsupported schema is a compile error
-            return Outcome(grammar.name, "error", time.perf_counter() - began, f"{type(err).__name__}: {err}")
-        key = compiled.store_key("index", vocab_key, regex)
-        if store is not None:
-            data = store.get(key)
+            # A JSON schema's regex is built in the worker too: for some real
+            # schemas the conversion alone exhausts memory.
+            regex = grammar.spec if grammar.kind == "regex" else worker.regex(grammar.spec, left())
+            key = compiled.store_key("index", vocab_key, regex)
+            data = store.get(key) if store is not None else None
             if data is not None:
                 return Outcome(grammar.name, "stored", time.perf_counter() - began, regex=regex,
                                index=data if keep_index else None)
-        worker = free.pop()
-        try:
-            data, _ = worker.compile("regex", regex, vocab_key, vocabulary, timeout)
+            data, _ = worker.compile("regex", regex, vocab_key, vocabulary, left())
         except CompileFailed as err:
             return Outcome(grammar.name, err.reason, time.perf_counter() - began, err.message, regex=regex)
         finally:

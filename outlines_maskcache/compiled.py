@@ -126,6 +126,22 @@ def compile_index(regex: str, vocabulary: Any, vocab_key: str | None) -> Any:
     return stored("index", (vocab_key, regex), build, Index.from_binary)
 
 
+def schema_regex(schema: str, whitespace_pattern: str | None, stock: Callable[..., str]) -> str:
+    """*stock*'s regex for a JSON schema, built in the compile guard's worker when that guard is on.
+
+    With the guard on, the conversion needs it as much as the compile: for
+    some real schemas outlines_core's conversion alone asks for gigabytes.
+    The worker runs ``outlines_core.json_schema.build_regex_from_schema``,
+    which callers check *stock* is.
+    """
+    settings = RUNTIME.settings
+    if settings.compile_timeout is None and settings.compile_max_bytes is None:
+        return stock(schema, whitespace_pattern)
+    from outlines_maskcache.guard import regex_from_schema
+
+    return regex_from_schema(schema, whitespace_pattern, settings.compile_timeout, settings.compile_max_bytes)
+
+
 def load_vocabulary(data: bytes) -> Any:
     from outlines_core import Vocabulary
 

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 _LEN = struct.Struct("<Q")
 #: how the child reports a failed allocation: Rust's ``handle_alloc_error``
@@ -98,20 +98,44 @@ class Worker:
         *vocabulary* is an outlines_core ``Vocabulary`` (sent once per worker,
         as its ``from_binary`` bytes) named by *vocabulary_key*.
         """
-        proc = self._start()
-        assert proc.stdin is not None and proc.stdout is not None
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        def send(proc: subprocess.Popen[bytes]) -> None:
+            assert proc.stdin is not None
             if vocabulary_key not in self._vocabularies:
                 _write_frame(proc.stdin, {"op": "vocabulary", "key": vocabulary_key}, binary_of(vocabulary))
                 self._vocabularies.add(vocabulary_key)
             _write_frame(proc.stdin, {"op": "index", "kind": kind, "spec": spec, "vocabulary": vocabulary_key})
+
+        head, payload = self._ask(send, timeout)
+        return payload, float(head.get("seconds", 0.0))
+
+    def regex(self, schema: str, timeout: float | None, whitespace_pattern: str | None = None) -> str:
+        """The regex outlines_core builds from the JSON *schema*, built in the worker.
+
+        The conversion is guarded like a compile because it is not always
+        cheap: for some real schemas it expands into a regex of gigabytes
+        (one MaskBench schema asked for a single 3.9 GB allocation), which
+        would abort or OOM-kill the caller's process.
+        """
+        def send(proc: subprocess.Popen[bytes]) -> None:
+            assert proc.stdin is not None
+            _write_frame(proc.stdin, {"op": "regex", "spec": schema, "whitespace": whitespace_pattern})
+
+        return self._ask(send, timeout)[1].decode("utf-8")
+
+    def _ask(self, send: Callable[[subprocess.Popen[bytes]], None],
+             timeout: float | None) -> tuple[dict[str, Any], bytes]:
+        """One request and its answer, within *timeout*; every way the worker fails becomes a CompileFailed."""
+        proc = self._start()
+        assert proc.stdout is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            send(proc)
             self._wait(proc, deadline)
             head, payload = _read_frame(proc.stdout)
         except (EOFError, BrokenPipeError, OSError, ValueError) as err:
             raise self._died(err) from None
         if head.get("ok"):
-            return payload, float(head.get("seconds", 0.0))
+            return head, payload
         raise CompileFailed("oom" if _is_oom(head.get("error", "")) else "error", head.get("error", "unknown error"))
 
     def _wait(self, proc: subprocess.Popen[bytes], deadline: float | None) -> None:
@@ -178,7 +202,24 @@ def binary_of(obj: Any) -> bytes:
     return bytes(reduced[1][0])
 
 
+def schema_regex(schema: str, whitespace_pattern: str | None = None) -> str:
+    """outlines_core's regex for a JSON *schema*: what outlines' backend builds (default whitespace unless given)."""
+    from outlines_core.json_schema import build_regex_from_schema
+
+    return build_regex_from_schema(schema, whitespace_pattern)
+
+
 _local = threading.local()
+
+
+def _thread_worker(max_bytes: int | None) -> Worker:
+    """This thread's worker for inline guarded work, restarted when the cap changes."""
+    worker = getattr(_local, "worker", None)
+    if worker is None or worker.max_bytes != max_bytes:
+        if worker is not None:
+            worker.close()
+        worker = _local.worker = Worker(max_bytes)
+    return worker
 
 
 def compile_index(regex: str, vocabulary: Any, vocabulary_key: str, timeout: float | None,
@@ -186,13 +227,14 @@ def compile_index(regex: str, vocabulary: Any, vocabulary_key: str, timeout: flo
     """An outlines_core ``Index`` compiled in this thread's guarded worker (inline ``configure(compile_timeout=...)``)."""
     from outlines_core import Index
 
-    worker = getattr(_local, "worker", None)
-    if worker is None or worker.max_bytes != max_bytes:
-        if worker is not None:
-            worker.close()
-        worker = _local.worker = Worker(max_bytes)
-    data, _ = worker.compile("regex", regex, vocabulary_key, vocabulary, timeout)
+    data, _ = _thread_worker(max_bytes).compile("regex", regex, vocabulary_key, vocabulary, timeout)
     return Index.from_binary(data)
+
+
+def regex_from_schema(schema: str, whitespace_pattern: str | None, timeout: float | None,
+                      max_bytes: int | None) -> str:
+    """outlines_core's regex for *schema*, built in this thread's guarded worker (the inline guard)."""
+    return _thread_worker(max_bytes).regex(schema, timeout, whitespace_pattern)
 
 
 # -- the child side ------------------------------------------------------------
@@ -203,7 +245,6 @@ def _serve(max_bytes: int) -> None:
 
         resource.setrlimit(resource.RLIMIT_AS, (max_bytes, max_bytes))
     from outlines_core import Index, Vocabulary
-    from outlines_core.json_schema import build_regex_from_schema
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     vocabularies: dict[str, Any] = {}
@@ -218,7 +259,11 @@ def _serve(max_bytes: int) -> None:
         start = time.perf_counter()
         try:
             spec = head["spec"]
-            regex = build_regex_from_schema(spec) if head["kind"] == "json" else spec
+            if head["op"] == "regex":
+                regex = schema_regex(spec, head.get("whitespace"))
+                _write_frame(stdout, {"ok": True, "seconds": time.perf_counter() - start}, regex.encode())
+                continue
+            regex = schema_regex(spec) if head["kind"] == "json" else spec
             index = Index(regex, vocabularies[head["vocabulary"]])
             data = binary_of(index)
             del index

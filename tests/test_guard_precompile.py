@@ -79,6 +79,47 @@ def test_unsupported_schema_is_a_compile_error():
     assert err.value.reason == "error"
 
 
+
+#: A real shape (MaskBench's Github_medium---o33692 has it): a recursive array
+#: listed before optional properties.  outlines_core's schema -> regex
+#: conversion repeats the recursion under every property ordering, so the
+#: regex alone needs gigabytes (that schema asked for one 3.9 GB allocation
+#: and took a whole benchmark process down with it); 8 properties exceed
+#: 512 MiB in well under a second.
+EXPLOSIVE_SCHEMA = json.dumps({"type": "object", "properties": {
+    "kids": {"type": "array", "items": {"$ref": "#"}}, **{f"p{i}": {"type": "string"} for i in range(8)}}})
+
+
+def test_schema_regex_is_built_in_the_worker_as_in_process():
+    from outlines_maskcache.guard import schema_regex
+
+    worker = Worker(max_bytes=1 << 30)
+    try:
+        schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}})
+        assert worker.regex(schema, timeout=30) == schema_regex(schema)
+        with pytest.raises(CompileFailed) as err:
+            worker.regex("{not json", timeout=30)
+        assert err.value.reason == "error"
+    finally:
+        worker.close()
+
+
+def test_a_schema_whose_regex_exhausts_memory_fails_alone(tmp_path):
+    """Ahead-of-time compile: the conversion runs under the worker's cap, never in the caller."""
+    import resource
+
+    from outlines_maskcache.ahead_of_time import Grammar, compile_all
+
+    mc.configure(store=str(tmp_path / "store"))
+    grammars = [Grammar("explosive", "json", EXPLOSIVE_SCHEMA), Grammar("fine", "regex", "[a-c]{1,4}")]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    report = compile_all(grammars, VOCAB, "v", workers=1, timeout=60, max_bytes=512 << 20)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    statuses = {o.name: o.status for o in report.outcomes}
+    assert statuses == {"explosive": "oom", "fine": "compiled"}, report.outcomes
+    assert "out of memory" in report.outcomes[0].message
+    assert grown_mib < 256, f"the caller grew by {grown_mib:.0f} MiB: the conversion ran in-process"
+
 # -- through outlines ------------------------------------------------------------
 
 outlines_core_backend = pytest.importorskip("outlines.backends.outlines_core", reason="outlines >= 1.2 backend")
@@ -152,3 +193,31 @@ def test_compile_command_rejects_bad_input(tmp_path):
         main(["compile", "--tokenizer", "gpt2", str(bad)])
     with pytest.raises(SystemExit, match="no tokenizer"):
         main(["compile", "--tokenizer", "/nonexistent/tok", str(HERE / "data" / "maskbench")])
+
+
+def test_inline_guard_covers_the_schema_to_regex_conversion(model):
+    """A server with the guard on survives a schema whose conversion alone exhausts memory."""
+    import resource
+
+    from outlines_maskcache.guard import schema_regex
+
+    mc.configure(store=False, compile_timeout=120, compile_max_bytes=512 << 20)
+    backend = outlines_core_backend.OutlinesCoreBackend(model)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CompileFailed) as err:
+        backend.get_json_schema_logits_processor(EXPLOSIVE_SCHEMA)
+    assert err.value.reason == "oom", err.value.message
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 256
+    # The worker honours the caller's whitespace pattern: the same regex as stock's conversion.
+    built = outlines_core_backend.build_regex_from_schema(json.dumps(SCHEMA), r"[ \n]{0,2}")
+    assert built == schema_regex(json.dumps(SCHEMA), r"[ \n]{0,2}") != schema_regex(json.dumps(SCHEMA))
+    # Guard off: the conversion is stock's, in process; uninstall restores the module's own name.
+    mc.configure(compile_timeout=None, compile_max_bytes=None)
+    assert outlines_core_backend.build_regex_from_schema(json.dumps(SCHEMA)) == schema_regex(json.dumps(SCHEMA))
+    from outlines_core.json_schema import build_regex_from_schema
+
+    mc.uninstall()
+    try:
+        assert outlines_core_backend.build_regex_from_schema is build_regex_from_schema
+    finally:
+        mc.install()

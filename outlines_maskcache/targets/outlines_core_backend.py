@@ -15,6 +15,9 @@ Patched:
   Vocabulary conversion) and a new Index on every ``model(prompt,
   output_type)`` call, which would both cost 0.3-1.2 s and leave the mask
   cache cold.
+* the module's ``build_regex_from_schema`` (outlines_core's, which stock's
+  ``get_json_schema_logits_processor`` calls): unchanged unless the compile
+  guard is on, when the conversion runs in the guard's worker as well.
 * ``OutlinesCoreBackend.create_outlines_core_vocabulary`` and the Index
   compile: through the persistent store (:mod:`outlines_maskcache.compiled`),
   so a new process loads what any process compiled before.  The vocabulary
@@ -200,10 +203,25 @@ def patches(module: ModuleType) -> list[Patch]:
         index = RUNTIME.grammar_memo.get_or_build(key, build)
         return module.OutlinesCoreLogitsProcessor(index, self.tensor_library_name)
 
-    return [
+    found = [
         Patch(processor_cls, "process_logits", process_logits),
         Patch(processor_cls, "__call__", __call__),
         Patch(backend_cls, "__init__", __init__),
         Patch(backend_cls, "get_regex_logits_processor", get_regex_logits_processor),
         Patch(backend_cls, "create_outlines_core_vocabulary", staticmethod(create_outlines_core_vocabulary)),
     ]
+    # The name stock's get_json_schema_logits_processor calls: with the compile
+    # guard on, the schema -> regex conversion runs in the guard's worker too.
+    # Only when it is outlines_core's own function (what the worker runs).
+    from outlines_core import json_schema
+
+    stock_schema_regex = module.__dict__.get("build_regex_from_schema")
+    if stock_schema_regex is json_schema.build_regex_from_schema:
+        def build_regex_from_schema(json_schema: str, whitespace_pattern: str | None = None, *more: Any,
+                                    **options: Any) -> str:
+            if more or options or not RUNTIME.active():
+                return stock_schema_regex(json_schema, whitespace_pattern, *more, **options)
+            return compiled.schema_regex(json_schema, whitespace_pattern, stock_schema_regex)
+
+        found.append(Patch(module, "build_regex_from_schema", build_regex_from_schema))
+    return found
