@@ -106,13 +106,18 @@ def stored(kind: str, parts: tuple, build: Callable[[], T], load: Callable[[byte
     return value
 
 
+def _guarded(settings: Any) -> bool:
+    """Whether the opt-in compile guard is on (either limit set)."""
+    return settings.compile_timeout is not None or settings.compile_max_bytes is not None
+
+
 def compile_index(regex: str, vocabulary: Any, vocab_key: str | None) -> Any:
     """``Index(regex, vocabulary)`` via the store (when *vocab_key* names its content) and the compile guard."""
     from outlines_core import Index
 
     def build() -> Any:
         settings = RUNTIME.settings
-        if settings.compile_timeout is None and settings.compile_max_bytes is None:
+        if not _guarded(settings):
             return Index(regex, vocabulary)
         from outlines_maskcache.guard import compile_index as guarded
 
@@ -135,7 +140,7 @@ def schema_regex(schema: str, whitespace_pattern: str | None, stock: Callable[..
     which callers check *stock* is.
     """
     settings = RUNTIME.settings
-    if settings.compile_timeout is None and settings.compile_max_bytes is None:
+    if not _guarded(settings):
         return stock(schema, whitespace_pattern)
     from outlines_maskcache.guard import regex_from_schema
 

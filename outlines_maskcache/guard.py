@@ -98,12 +98,11 @@ class Worker:
         *vocabulary* is an outlines_core ``Vocabulary`` (sent once per worker,
         as its ``from_binary`` bytes) named by *vocabulary_key*.
         """
-        def send(proc: subprocess.Popen[bytes]) -> None:
-            assert proc.stdin is not None
+        def send(stdin: IO[bytes]) -> None:
             if vocabulary_key not in self._vocabularies:
-                _write_frame(proc.stdin, {"op": "vocabulary", "key": vocabulary_key}, binary_of(vocabulary))
+                _write_frame(stdin, {"op": "vocabulary", "key": vocabulary_key}, binary_of(vocabulary))
                 self._vocabularies.add(vocabulary_key)
-            _write_frame(proc.stdin, {"op": "index", "kind": kind, "spec": spec, "vocabulary": vocabulary_key})
+            _write_frame(stdin, {"op": "index", "kind": kind, "spec": spec, "vocabulary": vocabulary_key})
 
         head, payload = self._ask(send, timeout)
         return payload, float(head.get("seconds", 0.0))
@@ -116,20 +115,18 @@ class Worker:
         (one MaskBench schema asked for a single 3.9 GB allocation), which
         would abort or OOM-kill the caller's process.
         """
-        def send(proc: subprocess.Popen[bytes]) -> None:
-            assert proc.stdin is not None
-            _write_frame(proc.stdin, {"op": "regex", "spec": schema, "whitespace": whitespace_pattern})
+        def send(stdin: IO[bytes]) -> None:
+            _write_frame(stdin, {"op": "regex", "spec": schema, "whitespace": whitespace_pattern})
 
         return self._ask(send, timeout)[1].decode("utf-8")
 
-    def _ask(self, send: Callable[[subprocess.Popen[bytes]], None],
-             timeout: float | None) -> tuple[dict[str, Any], bytes]:
-        """One request and its answer, within *timeout*; every way the worker fails becomes a CompileFailed."""
+    def _ask(self, send: Callable[[IO[bytes]], None], timeout: float | None) -> tuple[dict[str, Any], bytes]:
+        """One request (*send* writes it) and its answer within *timeout*; any worker failure is a CompileFailed."""
         proc = self._start()
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            send(proc)
+            send(proc.stdin)
             self._wait(proc, deadline)
             head, payload = _read_frame(proc.stdout)
         except (EOFError, BrokenPipeError, OSError, ValueError) as err:

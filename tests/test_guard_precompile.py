@@ -79,7 +79,6 @@ def test_unsupported_schema_is_a_compile_error():
     assert err.value.reason == "error"
 
 
-
 #: A real shape (MaskBench's Github_medium---o33692 has it): a recursive array
 #: listed before optional properties.  outlines_core's schema -> regex
 #: conversion repeats the recursion under every property ordering, so the
@@ -119,6 +118,7 @@ def test_a_schema_whose_regex_exhausts_memory_fails_alone(tmp_path):
     assert statuses == {"explosive": "oom", "fine": "compiled"}, report.outcomes
     assert "out of memory" in report.outcomes[0].message
     assert grown_mib < 256, f"the caller grew by {grown_mib:.0f} MiB: the conversion ran in-process"
+
 
 # -- through outlines ------------------------------------------------------------
 

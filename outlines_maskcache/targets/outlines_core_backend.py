@@ -213,10 +213,10 @@ def patches(module: ModuleType) -> list[Patch]:
     # The name stock's get_json_schema_logits_processor calls: with the compile
     # guard on, the schema -> regex conversion runs in the guard's worker too.
     # Only when it is outlines_core's own function (what the worker runs).
-    from outlines_core import json_schema
+    from outlines_core.json_schema import build_regex_from_schema as core_schema_regex
 
     stock_schema_regex = module.__dict__.get("build_regex_from_schema")
-    if stock_schema_regex is json_schema.build_regex_from_schema:
+    if stock_schema_regex is core_schema_regex:
         def build_regex_from_schema(json_schema: str, whitespace_pattern: str | None = None, *more: Any,
                                     **options: Any) -> str:
             if more or options or not RUNTIME.active():
