@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         text: list[str] = []
         with variant_context(variant):
             _, _, sampling = stamps_llamacpp(model, schema, mode, args.tokens, text)
-        return statistics.median(sampling[1:]), "".join(text)
+        return statistics.median(end - begin for begin, end in sampling[1:]), "".join(text)
 
     for schema in schemas:  # every state visited once before the rounds: the cached variants run warm
         generate(schema, "cached")

@@ -5,7 +5,7 @@
     outlines-maskcache bench sglang [--tokenizers gpt2,llama3]
     outlines-maskcache bench setup [--sample 40] [--tokenizer llama3]
     outlines-maskcache bench e2e [--model head128k,smollm2] [--batch 1,8] [--rounds 15]
-    outlines-maskcache bench e2e --schemas DIR [--engines llamacpp,transformers] [-n 20] [--match Glaive]
+    outlines-maskcache bench e2e --schemas DIR [--engines llamacpp,transformers] [-n 20] [--match Glaive] [--interleaved R]
     outlines-maskcache bench vllm [--tokenizer llama3] [--batch 8,32,128] [--grammars json-dense,regex-sparse,maskbench]
     outlines-maskcache compile --tokenizer NAME_OR_PATH SCHEMA.json|PATTERN.regex|DIR ... [--timeout S] [--max-memory 8G]
     outlines-maskcache store info|clear|prune
@@ -245,6 +245,8 @@ def _e2e_schemas(args: argparse.Namespace) -> int:
     chosen, left = jsb.select(grammars, args.n, args.match, args.timeout, args.max_memory, hf_tokenizer)
     if not chosen:
         raise SystemExit("outlines-maskcache: no schema compiled within the limits")
+    if args.interleaved:
+        return _e2e_interleaved(args, [g.spec for g in chosen], [g.name for g in chosen], left)
     with progress_bar(len(args.engines) * len(jsb.SETUPS), "setups (one process each)") as advance:
         results = jsb.run([g.spec for g in chosen], tuple(args.engines), args.max_tokens, progress=advance,
                           repeats=args.repeats)
@@ -255,6 +257,34 @@ def _e2e_schemas(args: argparse.Namespace) -> int:
                                                "summary": rows, "raw": results}, indent=2))
         print(f"wrote {args.json}")
     return 1 if any("skipped" in r for r in rows) else 0  # an engine asked for and not run is a failure
+
+
+def _e2e_interleaved(args: argparse.Namespace, specs: list[str], names: list[str], left: dict[str, int]) -> int:
+    from outlines_maskcache.bench import e2e_interleaved
+    from outlines_maskcache.bench.report import progress_bar
+
+    results: dict[str, Any] = {}
+    with progress_bar(len(args.engines), "engines (one interleaved process each)") as advance:
+        for engine in args.engines:
+            try:
+                rows = e2e_interleaved.run(specs, engine, args.max_tokens, args.interleaved)
+            except RuntimeError as err:
+                results[engine] = {"skipped": str(err)}
+            else:
+                results[engine] = {"summary": e2e_interleaved.summarize(rows), "raw": rows}
+            advance()
+    for engine, result in results.items():
+        if "skipped" in result:
+            print(f"{engine}: skipped: {result['skipped']}")
+        else:
+            e2e_interleaved.print_summary(result["summary"], engine, len(specs), args.interleaved)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"schemas": names, "left_out": left, "rounds": args.interleaved,
+                                               "engines": results}, indent=2))
+        print(f"wrote {args.json}")
+    ok = all("skipped" not in r and r["summary"][0]["same_as_stock"][0] == r["summary"][0]["same_as_stock"][1]
+             for r in results.values())
+    return 0 if ok else 1
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -417,7 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     e2e.add_argument("--match", default="Glaive", help="with --schemas: only names containing this ('' for all)")
     e2e.add_argument("--max-tokens", type=int, default=48, help="with --schemas")
     e2e.add_argument("--repeats", type=int, default=1,
-                     help="with --schemas: rounds per schema (the later ones rotate the order; TPOT ratios only)")
+                     help="with --schemas: rounds per schema (the later ones in a balanced order; TPOT ratios only)")
+    e2e.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
+                     help="with --schemas: instead of a process per setup, one process running unconstrained, "
+                          "no-op, stock and cached per schema for ROUNDS rounds in a balanced order (TPOT ratios within a round)")
     e2e.add_argument("--timeout", type=float, default=20.0, help="with --schemas: compile limit per schema (s)")
     e2e.add_argument("--max-memory", type=_size, default=6 << 30, help="with --schemas: memory cap per compile")
     e2e.set_defaults(func=cmd_e2e)

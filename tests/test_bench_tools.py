@@ -100,9 +100,23 @@ def test_jsonschemabench_sampling_phase_per_token_over_the_baseline():
     """llama.cpp's sampling calls (where the processor runs) are timed apart; the first call, which sets the processor up, is not per-token cost."""
     from outlines_maskcache.bench import jsonschemabench as jsb
 
-    timing = jsb._timing(0.0, [1.0, 1.01, 1.02], [0.5, 0.0004, 0.0006])
+    timing = jsb._timing(0.0, [1.0, 1.01, 1.02], [(0.5, 1.0), (1.0096, 1.01), (1.0194, 1.02)])
     assert timing["sample"] == pytest.approx(0.0005) and timing["tpot"] == pytest.approx(0.01)
     assert "sample" not in jsb._timing(0.0, [1.0, 1.01])  # transformers: no sampling timer
+
+
+def test_llamacpp_tpot_counts_decoding_steps_not_streamed_chunks():
+    """A chat stream adds a role and a finish chunk, and an EOS step streams nothing: TPOT comes from the sampling calls."""
+    from outlines_maskcache.bench import jsonschemabench as jsb
+
+    step = 0.012
+    # Constrained: 5 visible tokens, then the EOS step; chunks = role + 5 tokens + finish.
+    ends = [1.0 + k * step for k in range(6)]
+    chunks = [ends[0], ends[0], *ends[1:5], ends[5]]
+    timing = jsb._timing(0.5, chunks, [(e - 0.0002, e) for e in ends])
+    assert timing["tpot"] == pytest.approx(step) and timing["tokens"] == 6
+    assert timing["tpot_stream"] == pytest.approx(5 * step / 6)  # what the chunks alone would have said
+    assert timing["ttft"] == pytest.approx(0.5)
 
     def run(sample: float) -> dict:
         return {"ttft": 0.1, "tpot": 0.011, "tokens": 11, "sample": sample}
@@ -115,6 +129,49 @@ def test_jsonschemabench_sampling_phase_per_token_over_the_baseline():
     assert extra["sample_extra_repeats_ms"] == pytest.approx(0.6)  # the later round of the second schema
     rows = jsb.summarize({"llamacpp": {"warm": per_schema}})
     assert rows[2]["sample_extra_ms"] == pytest.approx(0.35) and rows[0]["sample_ms_mean"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_balanced_order_puts_every_variant_first_and_after_every_other_equally_often(n):
+    """A rotated order would keep each variant behind the same neighbour forever; a Williams design does not."""
+    from collections import Counter
+
+    from outlines_maskcache.bench.paired import balanced_order
+
+    items = "abcde"[:n]
+    rounds = n if n % 2 == 0 else 2 * n
+    orders = [balanced_order(items, r) for r in range(rounds)]
+    assert all(sorted(o) == list(items) for o in orders)
+    assert Counter(o[0] for o in orders) == {x: rounds // n for x in items}
+    after = Counter((o[k], o[k + 1]) for o in orders for k in range(n - 1))
+    assert set(after) == {(x, y) for x in items for y in items if x != y}
+    assert len(set(after.values())) == 1  # every ordered pair equally often
+    assert balanced_order(items, rounds) == orders[0]  # and then it starts over
+
+
+def test_interleaved_e2e_ratios_are_within_each_round():
+    """One process, every mode per round: each ratio divides by the unconstrained TPOT of its own round, never another's."""
+    from outlines_maskcache.bench import e2e_interleaved as inter
+
+    def run(tpot: float, sample: float = 0.0001) -> dict:
+        return {"ttft": 0.1, "tpot": tpot, "tokens": 11, "sample": sample}
+
+    # The host slows down 2x in the second round: ratios within a round must not see it.
+    rows = [{"rounds": [{"unconstrained": run(0.010), "noop": run(0.0101), "stock": run(0.0105, 0.0006),
+                         "cached": run(0.0102, 0.0003), "same_as_stock": True},
+                        {"unconstrained": run(0.020), "noop": run(0.0202), "stock": run(0.0210, 0.0006),
+                         "cached": run(0.0204, 0.0002), "same_as_stock": True}]},
+            {"rounds": [{"unconstrained": run(0.012), "noop": run(0.012), "stock": run(0.0126, 0.0006),
+                         "cached": run(0.01224, 0.0003), "same_as_stock": False},
+                        {"unconstrained": run(0.012), "noop": run(0.012), "stock": run(0.0126, 0.0006),
+                         "cached": run(0.01224, 0.0002), "same_as_stock": True}]}]
+    base, noop, stock, cached = inter.summarize(rows)
+    assert base["same_as_stock"] == [3, 4] and base["tpot_ms_median"] == pytest.approx(12.0)
+    assert [e["mode"] for e in (noop, stock, cached)] == ["noop", "stock", "cached"]
+    assert stock["all"][:3] == pytest.approx((1.05, 1.05, 1.05)) and stock["all"][3] == 4
+    assert cached["all"][0] == pytest.approx(1.02) and cached["first"][3] == 2 and cached["later"][3] == 2
+    assert cached["sampling_extra_ms"][0] == pytest.approx(0.15)  # (0.2, 0.1, 0.2, 0.1) ms over the baseline
+    assert noop["first"][0] == pytest.approx((1.01 + 1.0) / 2)
 
 
 def test_timed_processor_shim_forwards_and_counts():

@@ -10,7 +10,10 @@
 
 TTFT runs from building the generator (so it includes the schema's
 compile, or its load from the store) to the first token; TPOT is the mean
-time between the following tokens.  The first schema of each process also
+time per decoding step after it (llama.cpp: clocked by its sampling calls,
+see :func:`_timing`; transformers: between streamed tokens).  For TPOT
+ratios that host drift cannot sway, ``--interleaved`` runs every setup in
+one process (:mod:`~outlines_maskcache.bench.e2e_interleaved`).  The first schema of each process also
 pays the backend's vocabulary setup: its TTFT is reported apart, the TTFT
 percentiles are over the schemas after it.  Setups, each in its own fresh process
 over the same schemas, in this order:
@@ -60,8 +63,8 @@ def _noop(input_ids: Any, scores: Any) -> Any:
     return scores
 
 
-#: seconds of each ``Llama.sample`` call of the current generation (see :func:`time_llamacpp_sampling`)
-_SAMPLING: list[float] = []
+#: (start, end) clock of each ``Llama.sample`` call of the current generation (see :func:`time_llamacpp_sampling`)
+_SAMPLING: list[tuple[float, float]] = []
 
 
 def time_llamacpp_sampling() -> None:
@@ -71,6 +74,10 @@ def time_llamacpp_sampling() -> None:
     on a shared host change the forward pass's speed from one generation to
     the next; the sampling phase is short and measured token by token, so
     what a processor adds per token shows there with little noise.
+
+    The calls also clock the decoding steps: llama.cpp samples once per
+    forward pass, so the time from the first call's end to the last one's,
+    over the calls between, is the time per step (see :func:`_timing`).
     """
     import llama_cpp
 
@@ -81,19 +88,18 @@ def time_llamacpp_sampling() -> None:
         try:
             return sample(self, *args, **kwargs)
         finally:
-            _SAMPLING.append(time.perf_counter() - t0)
+            _SAMPLING.append((t0, time.perf_counter()))
 
     llama_cpp.Llama.sample = timed
 
 
 def stamps_llamacpp(model: Any, schema: str, mode: str, max_tokens: int,
-                    text: list[str] | None = None) -> tuple[float, list[float], list[float]]:
-    """(start, time of each streamed token, each sampling call's seconds) for one generation through outlines' llama.cpp model.
+                    text: list[str] | None = None) -> tuple[float, list[float], list[tuple[float, float]]]:
+    """(start, time of each streamed chunk, each sampling call's (start, end)) for one generation through outlines' llama.cpp model.
 
     *text*, when given, receives the generated text piece by piece, for
     comparing what the variants generated.
     """
-    import llama_cpp
     import outlines
 
     # llama-cpp-python reuses the evaluated prefix of its previous prompt:
@@ -102,8 +108,12 @@ def stamps_llamacpp(model: Any, schema: str, mode: str, max_tokens: int,
     start = time.perf_counter()
     kwargs = dict(max_tokens=max_tokens, temperature=0.0, seed=0)
     if mode == "noop":
-        chunks = model.model(_prompt(schema), logits_processor=llama_cpp.LogitsProcessorList([_noop]), stream=True,
-                             **kwargs)
+        # The very call outlines makes (``LlamaCpp.generate_stream``), with a
+        # processor that changes nothing: outlines sends a plain prompt as a
+        # chat (the model's template around it, ~30 tokens more here), so a
+        # bare ``model.model(prompt)`` would decode over a shorter context
+        # and read ~3% faster per token than any outlines generation.
+        chunks = _noop_stream(model, _prompt(schema), **kwargs)
     else:
         generator = outlines.Generator(model, outlines.json_schema(schema) if mode == "constrained" else None)
         chunks = generator.stream(_prompt(schema), **kwargs)
@@ -112,8 +122,22 @@ def stamps_llamacpp(model: Any, schema: str, mode: str, max_tokens: int,
     for chunk in chunks:
         stamps.append(time.perf_counter())
         if text is not None:
-            text.append(chunk if isinstance(chunk, str) else chunk["choices"][0]["text"])
+            text.append(chunk)
     return start, stamps, list(_SAMPLING)
+
+
+def _noop_stream(model: Any, prompt: str, **kwargs: Any) -> Any:
+    """Stream *prompt* through outlines' llama.cpp model as ``generate_stream`` does, with the no-op processor."""
+    import llama_cpp
+
+    formatted = model.type_adapter.format_input(prompt)
+    processors = llama_cpp.LogitsProcessorList([_noop])
+    if isinstance(formatted, str):
+        for chunk in model.model(formatted, logits_processor=processors, stream=True, **kwargs):
+            yield chunk["choices"][0]["text"]
+    else:
+        for chunk in model.model.create_chat_completion(formatted, logits_processor=processors, stream=True, **kwargs):
+            yield chunk["choices"][0]["delta"].get("content", "")
 
 
 class _Stamper:
@@ -153,62 +177,93 @@ def _stamps_transformers(hf: Any, tok: Any, model: Any, schema: str, mode: str, 
     return start, streamer.stamps
 
 
-def _timing(start: float, stamps: list[float], sampling: list[float] | None = None) -> dict[str, Any]:
+def _timing(start: float, stamps: list[float], sampling: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """TTFT from the first streamed chunk; TPOT per decoding step.
+
+    Where the sampling calls were clocked (llama.cpp), TPOT is the time from
+    the end of the first sampling call to the end of the last over the steps
+    between: one forward pass and one sampling call each, whatever the
+    stream shows.  Streamed chunks miscount steps: outlines streams a plain
+    prompt as a chat, whose stream adds a role chunk at the first token and
+    a finish chunk after the last, and a generation that ends on EOS spends
+    one more forward pass on that token, which streams nothing.  Over ~55
+    tokens that made a constrained generation (ends on EOS) read ~1.7%
+    slower per token than an unconstrained one cut at the same length.
+    The chunk-based figure stays as ``tpot_stream``.
+    """
     tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
     timing = {"ttft": stamps[0] - start if stamps else None, "tpot": tpot, "tokens": len(stamps)}
     if sampling is not None and len(sampling) > 1:
+        timing["tpot_stream"] = tpot
+        timing["tpot"] = (sampling[-1][1] - sampling[0][1]) / (len(sampling) - 1)
+        timing["tokens"] = len(sampling)
         # The first call also sets the processor up (its TTFT); the rest are the per-token cost.
-        timing["sample"] = sum(sampling[1:]) / (len(sampling) - 1)
+        timing["sample"] = sum(end - begin for begin, end in sampling[1:]) / (len(sampling) - 1)
     return timing
 
 
-def _child(engine: str, schemas_path: str, out_path: str, max_tokens: int, repeats: int = 1) -> None:
-    """One setup's process: every schema constrained, each followed by its unconstrained baseline.
+def generation_timer(engine: str) -> Callable[[str, str, int, list[str] | None], dict[str, Any]]:
+    """Load SmolLM2-135M for *engine* once; return ``timed(schema, mode, max_tokens, text)`` -> :func:`_timing`'s dict.
 
-    With *repeats* > 1 each schema gets that many more rounds of the three
-    generations, in an order rotated from round to round and schema to
-    schema, so no mode always runs first after a context reset; their
-    timings go under ``repeats`` and feed the TPOT ratios only (a repeated
-    constrained run would find its grammar compiled: no TTFT).
+    *text*, when a list, receives the generated text (llama.cpp only).
     """
+    import outlines
+
     from outlines_maskcache.bench.e2e import _hf_smollm2, _smollm2_dir
 
-    schemas = json.loads(Path(schemas_path).read_text())
     if engine == "llamacpp":
         import llama_cpp
-        import outlines
 
         folder, name = _smollm2_dir()
         time_llamacpp_sampling()
         llm = outlines.from_llamacpp(llama_cpp.Llama(model_path=f"{folder}/{name}", n_ctx=2048, verbose=False,
                                                      seed=0))
 
-        def one(schema: str, mode: str, tokens: int) -> tuple[float, list[float], list[float]]:
-            return stamps_llamacpp(llm, schema, mode, tokens)
-    else:
-        import outlines
-
+        def timed_llamacpp(schema: str, mode: str, tokens: int, text: list[str] | None) -> dict[str, Any]:
+            return _timing(*stamps_llamacpp(llm, schema, mode, tokens, text=text))
+        return timed_llamacpp
+    if engine == "transformers":
         hf, tok = _hf_smollm2()
         model = outlines.from_transformers(hf, tok)
 
-        def one(schema: str, mode: str, tokens: int) -> tuple[float, list[float]]:
-            return _stamps_transformers(hf, tok, model, schema, mode, tokens,
-                                        min_tokens=tokens if mode != "constrained" else 0)
+        def timed_transformers(schema: str, mode: str, tokens: int, text: list[str] | None) -> dict[str, Any]:
+            return _timing(*_stamps_transformers(hf, tok, model, schema, mode, tokens,
+                                                 min_tokens=tokens if mode != "constrained" else 0))
+        return timed_transformers
+    raise SystemExit(f"unknown engine {engine!r}; choose from {ENGINES}")
+
+
+def _child(engine: str, schemas_path: str, out_path: str, max_tokens: int, repeats: int = 1) -> None:
+    """One setup's process: every schema constrained, each followed by its unconstrained baseline.
+
+    With *repeats* > 1 each schema gets that many more rounds of the three
+    generations, in an order balanced over rounds and schemas
+    (:func:`~outlines_maskcache.bench.paired.balanced_order`), so no mode
+    always runs first or always after the same other mode; their
+    timings go under ``repeats`` and feed the TPOT ratios only (a repeated
+    constrained run would find its grammar compiled: no TTFT).
+    """
+    from outlines_maskcache.bench.paired import balanced_order
+
+    schemas = json.loads(Path(schemas_path).read_text())
+    timed = generation_timer(engine)
+
+    def one(schema: str, mode: str, tokens: int) -> dict[str, Any]:
+        return timed(schema, mode, tokens, None)
 
     for mode in ("unconstrained", "noop"):  # the engine's own first-call costs are nobody's TTFT
         one("{}", mode, 4)
     rows = []
     for k, schema in enumerate(schemas):
-        constrained = _timing(*one(schema, "constrained", max_tokens))
+        constrained = one(schema, "constrained", max_tokens)
         length = max(2, constrained["tokens"])
-        row = {"constrained": constrained, "unconstrained": _timing(*one(schema, "unconstrained", length)),
-               "noop": _timing(*one(schema, "noop", length))}
+        row = {"constrained": constrained, "unconstrained": one(schema, "unconstrained", length),
+               "noop": one(schema, "noop", length)}
         if repeats > 1:
             row["repeats"] = []
             for r in range(1, repeats):
-                shift = (k + r) % len(MODES)
-                order = MODES[shift:] + MODES[:shift]
-                row["repeats"].append({mode: _timing(*one(schema, mode, max_tokens if mode == "constrained" else length))
+                order = balanced_order(MODES, k + r)
+                row["repeats"].append({mode: one(schema, mode, max_tokens if mode == "constrained" else length)
                                        for mode in order})
         rows.append(row)
     Path(out_path).write_text(json.dumps(rows))

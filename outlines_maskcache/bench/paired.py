@@ -3,8 +3,8 @@
 A CPU model step of a few milliseconds against a mask of a few hundred
 microseconds: one run per variant cannot tell 95% from 99% on a shared
 machine.  So every *round* runs every variant once, back to back, in an
-order rotated from round to round, and the figure is the per-round ratio
-``variant tok/s / unconstrained tok/s``: noise that hits a round hits all of
+order balanced across rounds (:func:`balanced_order`), and the figure is
+the per-round ratio ``variant tok/s / unconstrained tok/s``: noise that hits a round hits all of
 its variants.  Reported: the median ratio over rounds and a 95% bootstrap
 interval of that median.
 
@@ -33,13 +33,15 @@ import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 
 import outlines_maskcache as mc
 from outlines_maskcache.bench.e2e import LONG_SCHEMA, PROMPT, _hf_smollm2
+
+T = TypeVar("T")
 
 MODELS = ("head128k", "smollm2")
 BACKENDS = {"stock": "outlines_core", "cached": "outlines_core", "xgrammar": "xgrammar", "llguidance": "llguidance"}
@@ -71,6 +73,26 @@ def bootstrap_median(values: list[float], resamples: int = 2000, seed: int = 0) 
     rng = np.random.default_rng(seed)
     medians = np.median(rng.choice(data, size=(resamples, data.size), replace=True), axis=1)
     return float(np.median(data)), float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+
+
+def balanced_order(items: Sequence[T], round_index: int) -> list[T]:
+    """The order of *items* in round *round_index* of an interleaved run: a Williams design.
+
+    Whatever a run leaves behind (caches, garbage, a thread still busy) can
+    tax the run after it.  Rotating one order keeps every variant behind the
+    same neighbour in every round, so that tax lands on one variant always;
+    here every variant runs first equally often and runs right after every
+    other variant equally often: over ``len(items)`` rounds for an even
+    count, ``2 * len(items)`` for an odd one (the second half reversed).
+    """
+    n = len(items)
+    base = [0]
+    for k in range(1, n):  # 0, 1, n-1, 2, n-2, ...
+        base.append((k + 1) // 2 if k % 2 else n - k // 2)
+    order = [items[(b + round_index) % n] for b in base]
+    if n % 2 and (round_index // n) % 2:
+        order.reverse()
+    return order
 
 
 class _Timed:
@@ -165,7 +187,7 @@ def run_model(name: str, batches: list[int], rounds: int, new_tokens: int,
         # compile the schema to their own grammar (whitespace rules differ).
         same = {v: True for v in present if v == "cached"}
         for r in range(rounds):
-            order = present[r % len(present):] + present[:r % len(present)]
+            order = balanced_order(present, r)
             outputs = {}
             for variant in order:
                 rate, outputs[variant], per_step = timed(variant)
