@@ -104,6 +104,18 @@ def test_jsonschemabench_sampling_phase_per_token_over_the_baseline():
     assert timing["sample"] == pytest.approx(0.0005) and timing["tpot"] == pytest.approx(0.01)
     assert "sample" not in jsb._timing(0.0, [1.0, 1.01])  # transformers: no sampling timer
 
+    def run(sample: float) -> dict:
+        return {"ttft": 0.1, "tpot": 0.011, "tokens": 11, "sample": sample}
+
+    per_schema = [{"constrained": run(0.0004), "unconstrained": run(0.0001), "noop": run(0.0002)},
+                  {"constrained": run(0.0005), "unconstrained": run(0.0001), "noop": run(0.0002),
+                   "repeats": [{"constrained": run(0.0007), "unconstrained": run(0.0001), "noop": run(0.0002)}]}]
+    extra = jsb._sampling_extra(per_schema, "constrained")
+    assert extra["sample_extra_ms"] == pytest.approx((0.3 + 0.4) / 2)  # first rounds: each schema new
+    assert extra["sample_extra_repeats_ms"] == pytest.approx(0.6)  # the later round of the second schema
+    rows = jsb.summarize({"llamacpp": {"warm": per_schema}})
+    assert rows[2]["sample_extra_ms"] == pytest.approx(0.35) and rows[0]["sample_ms_mean"] == pytest.approx(0.1)
+
 
 def test_llamacpp_tpot_counts_decoding_steps_not_streamed_chunks():
     """A chat stream adds a role and a finish chunk, and an EOS step streams nothing: TPOT comes from the sampling calls."""
@@ -118,17 +130,17 @@ def test_llamacpp_tpot_counts_decoding_steps_not_streamed_chunks():
     assert timing["tpot_stream"] == pytest.approx(5 * step / 6)  # what the chunks alone would have said
     assert timing["ttft"] == pytest.approx(0.5)
 
-    def run(sample: float) -> dict:
-        return {"ttft": 0.1, "tpot": 0.011, "tokens": 11, "sample": sample}
 
-    per_schema = [{"constrained": run(0.0004), "unconstrained": run(0.0001), "noop": run(0.0002)},
-                  {"constrained": run(0.0005), "unconstrained": run(0.0001), "noop": run(0.0002),
-                   "repeats": [{"constrained": run(0.0007), "unconstrained": run(0.0001), "noop": run(0.0002)}]}]
-    extra = jsb._sampling_extra(per_schema, "constrained")
-    assert extra["sample_extra_ms"] == pytest.approx((0.3 + 0.4) / 2)  # first rounds: each schema new
-    assert extra["sample_extra_repeats_ms"] == pytest.approx(0.6)  # the later round of the second schema
-    rows = jsb.summarize({"llamacpp": {"warm": per_schema}})
-    assert rows[2]["sample_extra_ms"] == pytest.approx(0.35) and rows[0]["sample_ms_mean"] == pytest.approx(0.1)
+def test_a_failed_child_is_named_by_its_last_error_line_or_its_exit_status():
+    import subprocess
+
+    from outlines_maskcache.bench.fresh_process import failure_line
+
+    def done(stderr: str | None) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(["python"], 3, "", stderr)
+
+    assert failure_line(done("Traceback ...\nImportError: no llama_cpp\n")) == "ImportError: no llama_cpp"
+    assert failure_line(done("  \n")) == "exit 3" and failure_line(done(None)) == "exit 3"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])

@@ -75,7 +75,7 @@ def run(schemas: list[str], engine: str, max_tokens: int, rounds: int) -> list[d
     """Run the interleaved process (plugin installed, an empty store of its own) and return its rows."""
     import tempfile
 
-    from outlines_maskcache.bench.fresh_process import run_fresh
+    from outlines_maskcache.bench.fresh_process import failure_line, run_fresh
 
     with tempfile.TemporaryDirectory(prefix="maskcache-e2e-interleaved-") as tmp:
         listing, out = Path(tmp) / "schemas.json", Path(tmp) / "out.json"
@@ -84,7 +84,7 @@ def run(schemas: list[str], engine: str, max_tokens: int, rounds: int) -> list[d
                          [engine, str(listing), str(out), str(max_tokens), str(rounds)],
                          plugin=True, store=Path(tmp) / "store", capture=True)
         if proc.returncode != 0:
-            raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr else f"exit {proc.returncode}")
+            raise RuntimeError(failure_line(proc))
         return json.loads(out.read_text())
 
 

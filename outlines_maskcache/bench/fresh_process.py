@@ -22,3 +22,9 @@ def run_fresh(module: str, args: list[str], *, plugin: bool, store: Path,
                TOKENIZERS_PARALLELISM="false")
     return subprocess.run([sys.executable, "-m", module, *args], env=env, check=not capture,
                           capture_output=capture, text=True)
+
+
+def failure_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The last line a failed child wrote to stderr (its exception), or its exit status when it wrote none."""
+    lines = (proc.stderr or "").strip().splitlines()
+    return lines[-1] if lines else f"exit {proc.returncode}"

@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines_maskcache.bench.fresh_process import run_fresh
+from outlines_maskcache.bench.fresh_process import failure_line, run_fresh
 
 ENGINES = ("llamacpp", "transformers")
 SETUPS = ("stock", "cold", "warm")
@@ -306,8 +306,7 @@ def run(schemas: list[str], engines: tuple[str, ...], max_tokens: int,
                                  [engine, str(listing), str(out), str(max_tokens), str(repeats)],
                                  plugin=setup != "stock", store=store, capture=True)
                 if proc.returncode != 0:
-                    results[engine] = {"skipped": proc.stderr.strip().splitlines()[-1] if proc.stderr else
-                                       f"exit {proc.returncode}"}
+                    results[engine] = {"skipped": failure_line(proc)}
                     break
                 results[engine][setup] = json.loads(out.read_text())
                 if progress:
