@@ -186,6 +186,22 @@ def test_interleaved_e2e_ratios_are_within_each_round():
     assert noop["first"][0] == pytest.approx((1.01 + 1.0) / 2)
 
 
+def test_vllm_bench_shares_are_per_round_and_outputs_compared_with_stock_or_each_other():
+    """``bench vllm``: a share divides by the same round's unconstrained rate; any differing completion fails the case."""
+    from outlines_maskcache.bench.vllm import Case
+
+    case = Case("llama3", "json-dense", 32)
+    case.tok_s = {"unconstrained": [4000.0, 2000.0, 3000.0], "plugin": [3400.0, 1700.0, 2400.0]}
+    assert case.share("plugin")[0] == pytest.approx(0.85)  # 0.85, 0.85, 0.80: the slow round does not move it
+    assert case.share("stock") is None
+    case.hashes = {"unconstrained": {"u"}, "plugin": {"a"}, "plugin-nodense": {"a"}}
+    assert case.identical()  # no stock in the run: the constrained variants agree with each other
+    case.hashes["stock"] = {"a"}
+    assert case.identical()
+    case.hashes["maskcache"] = {"a", "b"}  # one round differed
+    assert not case.identical()
+
+
 def test_timed_processor_shim_forwards_and_counts():
     from outlines_maskcache.bench.paired import _Timed
 

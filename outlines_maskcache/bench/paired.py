@@ -223,7 +223,7 @@ def print_rows(rows: list[PairedRow]) -> None:
             lines.append([row.model, f"{row.vocab:,}", str(row.batch), variant, f"{rate:,.1f}",
                           "-" if share is None else f"{100 * share[0]:.1f}%",
                           "-" if share is None else f"{100 * share[1]:.1f}-{100 * share[2]:.1f}%",
-                          _share(row.processor_share.get(variant)),
+                          format_share(row.processor_share.get(variant)),
                           "-" if variant not in row.processor_ms else f"{row.processor_ms[variant]:.3f}",
                           {True: "yes", False: "NO"}.get(row.same_as_stock.get(variant), "-")])
         lines += [[row.model, f"{row.vocab:,}", str(row.batch), variant, "skipped", why, "", "", "", ""]
@@ -234,7 +234,7 @@ def print_rows(rows: list[PairedRow]) -> None:
            "from processor time [95% CI]", "processor ms/step", "same as stock"], lines)
 
 
-def _share(share: tuple[float, float, float] | None) -> str:
+def format_share(share: tuple[float, float, float] | None) -> str:
     return "-" if share is None else f"{100 * share[0]:.1f}% [{100 * share[1]:.1f}-{100 * share[2]:.1f}%]"
 
 

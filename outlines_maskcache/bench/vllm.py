@@ -8,10 +8,19 @@ round on one warm engine and their ratios share the machine's noise:
 * ``stock``: the plugin uninstalled (vLLM's own code);
 * ``maskcache``: cached bitmask rows only, stock ``advance`` and stock apply
   (``OUTLINES_MASKCACHE_QUIET_ADVANCE=0``, ``OUTLINES_MASKCACHE_SPARSE_APPLY=0``);
-* ``plugin``: cached rows, the quiet guide and the sparse-row apply (the default when installed).
+* ``plugin``: cached rows, the quiet guide and the planned apply of sparse
+  and dense rows (the default when installed);
+* ``plugin-nodense`` (on request, ``--variants``): the plugin with its dense
+  rows left to xgrammar (``OUTLINES_MASKCACHE_DENSE_APPLY=0``), to measure
+  that step alone.
 
-Every constrained variant's completions are hashed; a case whose hashes
-differ from stock's is reported as a mismatch (and fails the command).
+Every round runs each variant once, in an order balanced across rounds
+(:func:`~outlines_maskcache.bench.paired.balanced_order`); a variant's share
+of unconstrained is the median over rounds of its tok/s over the same
+round's unconstrained tok/s, with a 95% bootstrap interval, so noise that
+hits a round hits both sides of its ratio.  Every constrained variant's
+completions are hashed; a case whose hashes differ from stock's is reported
+as a mismatch (and fails the command).
 The model is a tiny random Llama (1 layer, hidden 64) over a real tokenizer,
 so the engine's own model time is small and what remains is vLLM's
 scheduling and the structured-output work this package changes; on a GPU
@@ -35,6 +44,7 @@ DENSE_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "bi
 #: digits only (about 1,100 of 128k tokens allowed per state), long enough that every request runs to max_tokens
 SPARSE_REGEX = r"[0-9]{400}"
 VARIANTS = ("unconstrained", "stock", "maskcache", "plugin")
+KNOWN_VARIANTS = (*VARIANTS, "plugin-nodense")
 
 
 @dataclass
@@ -50,8 +60,17 @@ class Case:
         return statistics.median(runs) if runs else None
 
     def identical(self) -> bool:
-        ref = self.hashes.get("stock", set())
-        return all(self.hashes[v] == ref for v in ("maskcache", "plugin") if v in self.hashes)
+        """Whether every constrained variant's completions equal stock's (or, without stock, each other's)."""
+        constrained = {v: h for v, h in self.hashes.items() if v != "unconstrained"}
+        ref = constrained.get("stock", next(iter(constrained.values()), set()))
+        return all(hashes == ref for hashes in constrained.values())
+
+    def share(self, variant: str) -> tuple[float, float, float] | None:
+        """Median over rounds of ``variant`` / unconstrained tok/s (same round), with its 95% interval."""
+        from outlines_maskcache.bench.paired import bootstrap_median
+
+        pairs = list(zip(self.tok_s.get(variant, []), self.tok_s.get("unconstrained", [])))
+        return bootstrap_median([v / u for v, u in pairs]) if pairs else None
 
 
 def _grammars(names: list[str], schemas_dir: str | None, n_schemas: int) -> list[tuple[str, dict[str, Any] | None]]:
@@ -79,8 +98,10 @@ def _set_variant(variant: str) -> None:
     if variant in ("stock", "unconstrained"):
         mc.uninstall()
         return
+    plugin = variant.startswith("plugin")
     for switch in ("OUTLINES_MASKCACHE_QUIET_ADVANCE", "OUTLINES_MASKCACHE_SPARSE_APPLY"):
-        os.environ[switch] = "1" if variant == "plugin" else "0"
+        os.environ[switch] = "1" if plugin else "0"
+    os.environ["OUTLINES_MASKCACHE_DENSE_APPLY"] = "1" if variant == "plugin" else "0"
     mc.install(targets=["vllm-v1"])
 
 
@@ -94,6 +115,11 @@ def run(tokenizer_name: str = "llama3", grammars: tuple[str, ...] = ("json-dense
 
     import outlines_maskcache as mc
     from outlines_maskcache.bench.material import tiny_model, tokenizer
+    from outlines_maskcache.bench.paired import balanced_order
+
+    unknown = set(variants) - set(KNOWN_VARIANTS)
+    if unknown or "unconstrained" not in variants:
+        raise ValueError(f"variants must include 'unconstrained' and come from {KNOWN_VARIANTS}, not {sorted(unknown)}")
 
     tok = tokenizer(tokenizer_name)
     with tempfile.TemporaryDirectory(prefix="maskcache-vllm-") as model_dir:
@@ -109,7 +135,7 @@ def run(tokenizer_name: str = "llama3", grammars: tuple[str, ...] = ("json-dense
                 case = Case(tokenizer_name, name, batch)
                 prompts = [f"Record {i}:" for i in range(batch)]
                 for round_ in range(repeats + 1):  # round 0 warms compiles and caches, untimed
-                    for variant in variants:
+                    for variant in balanced_order(variants, round_):
                         _set_variant(variant)
                         kwargs = {} if variant == "unconstrained" else dict(extra or {})
                         params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=False, **kwargs)
@@ -131,32 +157,39 @@ def run(tokenizer_name: str = "llama3", grammars: tuple[str, ...] = ("json-dense
 
 def as_json(cases: list[Case]) -> list[dict[str, Any]]:
     return [dict(tokenizer=c.tokenizer, grammar=c.grammar, batch=c.batch, tok_s=c.tok_s,
-                 median=({v: c.median(v) for v in c.tok_s}), identical_to_stock=c.identical()) for c in cases]
+                 median=({v: c.median(v) for v in c.tok_s}),
+                 share_of_unconstrained={v: c.share(v) for v in c.tok_s if v != "unconstrained"},
+                 identical_to_stock=c.identical()) for c in cases]
 
 
 def print_table(cases: list[Case]) -> None:
+    from outlines_maskcache.bench.paired import format_share
     from outlines_maskcache.bench.report import table
 
+    variants = [v for v in KNOWN_VARIANTS if any(v in c.tok_s for c in cases)]
     rows = []
     for c in cases:
-        free, stock, plugin = c.median("unconstrained"), c.median("stock"), c.median("plugin")
+        stock, plugin = c.median("stock"), c.median("plugin")
+        shares = [c.share(v) for v in variants if v != "unconstrained"]
         rows.append([c.tokenizer, c.grammar, str(c.batch)]
-                    + [f"{c.median(v):,.0f}" if c.median(v) else "-" for v in VARIANTS]
-                    + [f"{plugin / stock:.1f}x" if plugin and stock else "-",
-                       f"{100 * plugin / free:.0f}%" if plugin and free else "-",
-                       f"{100 * stock / free:.0f}%" if stock and free else "-",
-                       "yes" if c.identical() else "NO"])
-    table("vLLM offline throughput (output tok/s, median)",
-          ["tokenizer", "grammar", "B", *VARIANTS, "plugin/stock", "plugin/free", "stock/free", "same as stock"], rows)
+                    + [f"{c.median(v):,.0f}" if c.median(v) else "-" for v in variants]
+                    + [f"{plugin / stock:.1f}x" if plugin and stock else "-"]
+                    + [format_share(s) for s in shares]
+                    + ["yes" if c.identical() else "NO"])
+    table("vLLM offline throughput (output tok/s, median; share of unconstrained: median of per-round ratios [95% CI])",
+          ["tokenizer", "grammar", "B", *variants, "plugin/stock",
+           *(f"{v}/free" for v in variants if v != "unconstrained"),
+           "same as stock" if "stock" in variants else "same outputs"], rows)
 
 
 def main_args(args: Any) -> int:
     from outlines_maskcache.bench.report import progress_bar
 
-    total = len(args.batch) * (args.repeats + 1) * len(VARIANTS) * (len(args.grammars) + (args.schemas - 1 if "maskbench" in args.grammars else 0))
+    variants = tuple(args.variants)
+    total = len(args.batch) * (args.repeats + 1) * len(variants) * (len(args.grammars) + (args.schemas - 1 if "maskbench" in args.grammars else 0))
     with progress_bar(total, "vLLM generate") as advance:
         cases = run(args.tokenizer, tuple(args.grammars), tuple(args.batch), args.new_tokens, args.repeats,
-                    schemas_dir=args.data, n_schemas=args.schemas, progress=advance)
+                    variants=variants, schemas_dir=args.data, n_schemas=args.schemas, progress=advance)
     print_table(cases)
     if args.json:
         Path(args.json).write_text(json.dumps(as_json(cases), indent=2))

@@ -26,13 +26,17 @@ guide's state, so it is cached (a hit costs ~6 us, mostly Python glue):
   ``OUTLINES_MASKCACHE_QUIET_ADVANCE=0`` turns this off.
 * ``vllm.v1.structured_output.utils.xgr`` (the ``xgrammar`` module vLLM
   applies every step's bitmask with): a stand-in whose
-  ``apply_token_bitmask_inplace`` hands CPU rows that allow few tokens to
-  :class:`~outlines_maskcache.sparse_bitmask.SparseBitmaskApplier` (keep the
-  allowed logits, fill, put them back, with the ids cached per row content:
-  ~40 us instead of xgrammar's ~500 us for a 1,000-of-128k row) and every
-  other row, and every GPU tensor, to xgrammar.  It applies to whatever
-  backend filled the bitmask, with the kernel's exact semantics.
-  ``OUTLINES_MASKCACHE_SPARSE_APPLY=0`` turns this off.
+  ``apply_token_bitmask_inplace`` hands CPU rows to
+  :class:`~outlines_maskcache.bitmask_plans.BitmaskApplier`: a row that
+  allows few tokens by keep-fill-restore (~40 us instead of xgrammar's
+  ~500 us for a 1,000-of-128k row), a row that blocks few (inside a JSON
+  string) by one flat ``index_fill_`` over every such row of the batch on
+  torch's threads (~20 us a row at 128k instead of ~40 us on xgrammar's
+  one).  The fill tells it which cached rows it served (a hint, verified
+  word for word against the bitmask); every other row, and every GPU
+  tensor, goes to xgrammar, with the kernel's exact semantics.
+  ``OUTLINES_MASKCACHE_SPARSE_APPLY=0`` turns the stand-in off,
+  ``OUTLINES_MASKCACHE_DENSE_APPLY=0`` only its dense rows.
 * ``OutlinesBackend._compile_index``: through the persistent grammar store
   and an in-memory memo (content keys: the tokenizer's vocabulary, the vLLM
   version, the regex), so a restarted server loads Indexes instead of
@@ -67,13 +71,14 @@ from outlines_maskcache.masking import bitmask_row, cached_or_stock
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.quiet_guide import QuietGuide
 from outlines_maskcache.runtime import RUNTIME
-from outlines_maskcache.sparse_bitmask import SparseBitmaskApplier
+from outlines_maskcache.bitmask_plans import BitmaskApplier
 
 TARGET = "vllm-v1"
 ENV_QUIET_ADVANCE = "OUTLINES_MASKCACHE_QUIET_ADVANCE"
 ENV_SPARSE_APPLY = "OUTLINES_MASKCACHE_SPARSE_APPLY"
+ENV_DENSE_APPLY = "OUTLINES_MASKCACHE_DENSE_APPLY"
 #: plans for the bitmask rows this process applies (one engine per process)
-APPLIER = SparseBitmaskApplier()
+APPLIER = BitmaskApplier()
 #: instance attribute carrying a compiled grammar's fingerprint
 _FINGERPRINT = "_outlines_maskcache_fingerprint"
 
@@ -145,7 +150,7 @@ def patches(module: ModuleType) -> list[Patch]:
         def cached() -> None:
             row = bitmask_row(fingerprint, self.guide, view.shape[1])
             view[idx] = row
-            SPARSE_ROWS.filled(row)
+            FILLED_ROWS.filled(row)
 
         cached_or_stock("vllm-v1 fill_bitmask", cached, lambda: stock_fill(self, bitmask, idx))
 
@@ -200,8 +205,11 @@ class XgrammarStandIn:
         stock = self._inner.apply_token_bitmask_inplace
         # vocab_size goes to xgrammar: its CPU kernel masks whole words past
         # one that is not a multiple of 32, unlike its documentation (vLLM passes none).
-        if (args or not kwargs.keys() <= {"indices"} or not RUNTIME.active() or not SPARSE_ROWS.take()
-                or not _switched_on(ENV_SPARSE_APPLY) or not APPLIER.applies_to(logits, bitmask)):
+        if args or not kwargs.keys() <= {"indices"} or not RUNTIME.active():
+            return stock(logits, bitmask, *args, **kwargs)
+        by_content, served = FILLED_ROWS.take()
+        if (not (by_content or served) or not _switched_on(ENV_SPARSE_APPLY)
+                or not APPLIER.applies_to(logits, bitmask)):
             return stock(logits, bitmask, *args, **kwargs)
         indices = kwargs.get("indices")
         rows = indices.tolist() if hasattr(indices, "tolist") else indices
@@ -212,54 +220,59 @@ class XgrammarStandIn:
             elif found:
                 stock(logits, bitmask, indices=found)
 
-        counts = cached_or_stock("vllm-v1 sparse bitmask apply",
-                                 lambda: APPLIER.apply(logits, bitmask, rows, None, rest),
+        counts = cached_or_stock("vllm-v1 bitmask apply",
+                                 lambda: APPLIER.apply(logits, bitmask, rows, None, rest, expected=served,
+                                                       by_content=by_content, dense=_switched_on(ENV_DENSE_APPLY)),
                                  lambda: stock(logits, bitmask, *args, **kwargs))
         if counts is None:  # the stock kernel ran
             return None
-        RUNTIME.cache.count("sparse_apply_rows", counts[0])
-        RUNTIME.cache.count("kernel_apply_rows", counts[1])
+        RUNTIME.cache.count("sparse_apply_rows", counts.sparse)
+        RUNTIME.cache.count("dense_apply_rows", counts.dense)
+        RUNTIME.cache.count("kernel_apply_rows", counts.kernel)
         stats_file.filled()  # a worker apart from the EngineCore reports too
 
 
-class SparseRowsFilled:
-    """Whether the fill put a row the sparse apply would plan into the bitmask since the last apply.
+class FilledRows:
+    """The plannable cached rows the fill served since the last apply: the apply's hint.
 
-    Finding a batch's sparse rows reads its bitmask, ~0.1-0.2 ms at B = 32
-    and 128k once the logits' matmul has evicted it; a step whose rows all
-    allow most of the vocabulary (free text in a JSON string) must not pay
-    that.  A hint only: it decides whether to look, never what is written,
-    so a stale one (a reused row id, vLLM scheduling a step ahead, a
-    bitmask someone else filled) costs time, not correctness.  A process
-    that applies bitmasks it never filled (a worker apart from the
-    scheduler) has no hint and always looks.
+    Rows are matched to the bitmask word for word, so a stale hint (a
+    reused row id, vLLM scheduling a step ahead, a bitmask someone else
+    filled) costs time, never correctness.  A step whose rows are all
+    neither sparse nor dense pays nothing: nothing is passed, and xgrammar
+    runs as in stock.  A process that applies bitmasks it never filled (a
+    worker apart from the scheduler) has no hint and looks for sparse rows
+    by content, ~0.1-0.2 ms at B = 32 and 128k.
     """
 
     def __init__(self) -> None:
-        self.pending = False
         self.seen_fills = False
-        #: id of a served cached row -> whether it would be planned (rows live in the cache)
+        #: id -> served row, since the last apply (the references keep the ids unique)
+        self._served: dict[int, np.ndarray] = {}
+        #: id of a served cached row -> whether it is worth planning (rows live in the cache)
         self._known: dict[int, bool] = {}
 
     def filled(self, row: np.ndarray) -> None:
         self.seen_fills = True
-        sparse = self._known.get(id(row))
-        if sparse is None:
+        key = id(row)
+        plannable = self._known.get(key)
+        if plannable is None:
             if len(self._known) >= 65_536:
                 self._known.clear()
-            sparse = self._known[id(row)] = APPLIER.would_plan(row)
-        if sparse:
-            self.pending = True
+            plannable = self._known[key] = APPLIER.would_plan(row)
+        if plannable:
+            if len(self._served) >= 4_096:  # fills with no apply here (a worker applies): keep no history
+                self._served.clear()
+            self._served[key] = row
 
-    def take(self) -> bool:
-        """Whether to look for sparse rows in this apply."""
-        pending, self.pending = self.pending, False
-        return pending or not self.seen_fills
+    def take(self) -> tuple[bool, list[np.ndarray]]:
+        """(look for sparse rows by content, the served rows to match) for this apply."""
+        served, self._served = self._served, {}
+        return not self.seen_fills, list(served.values())
 
 
-SPARSE_ROWS = SparseRowsFilled()
+FILLED_ROWS = FilledRows()
 if hasattr(os, "register_at_fork"):  # a forked worker has filled nothing yet
-    os.register_at_fork(after_in_child=SPARSE_ROWS.__init__)
+    os.register_at_fork(after_in_child=FILLED_ROWS.__init__)
 
 
 def _switched_on(env: str) -> bool:

@@ -162,7 +162,7 @@ def test_thread_pool_fills_match_stock(backend):
     assert stats["hits"] > 0 and stats["fallbacks"] == 0
 
 
-def test_sparse_apply_equals_xgrammar_and_uninstalls(backend):
+def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
     """vLLM's ``apply_grammar_bitmask`` calls ``xgr.apply_token_bitmask_inplace``: the stand-in is exact and reversible."""
     import torch
     from vllm.v1.structured_output import utils
@@ -174,28 +174,37 @@ def test_sparse_apply_equals_xgrammar_and_uninstalls(backend):
     stand_in.allocate_token_bitmask  # noqa: B018 - loads xgrammar; vLLM's LazyLoader must not displace us
     assert utils.xgr is stand_in
     # Two requests per spec; the second of each moves every other step, so the batch spans several states.
+    # A free string (no maxLength) gives dense rows: inside it almost every token is allowed.
+    free_text = json.dumps({"type": "object", "properties": {"bio": {"type": "string"}}, "required": ["bio"]})
     grammars = [backend.compile_grammar(request_type, _spec(kind)) for request_type, kind in SPECS * 2]
+    grammars += [backend.compile_grammar(StructuredOutputOptions.JSON, free_text) for _ in range(2)]
     bitmask = backend.allocate_token_bitmask(len(grammars))
     rng = random.Random(0)
     for step in range(16):
         for row, grammar in enumerate(grammars):
             grammar.fill_bitmask(bitmask, row)
+        served = dict(vllm_v1.FILLED_ROWS._served)  # the fill's hint, which each apply takes
         # Wider than the bitmask's bits (columns nobody masks).  Not a width
         # that leaves xgrammar's kernel a partial last word: there its CPU
-        # kernel can write past the logits (tests/test_sparse_bitmask.py).
-        logits = torch.randn(6, bitmask.shape[1] * 32 + 3)
+        # kernel can write past the logits (tests/test_bitmask_plans.py).
+        logits = torch.randn(len(grammars) + 2, bitmask.shape[1] * 32 + 3)
         logits[0, :50] = float("nan")
-        for indices, rows in (([0, 1, 2, 3], bitmask), ([3, 1], bitmask), (None, torch.cat([bitmask, bitmask[:2]]))):
-            expected, got = logits.clone(), logits.clone()
+        for indices, rows in ((list(range(len(grammars))), bitmask), ([5, 3, 1], bitmask),
+                              (None, torch.cat([bitmask, bitmask[:2]]))):
+            expected = logits.clone()
             stand_in._inner.apply_token_bitmask_inplace(expected, rows, indices=indices)
-            vllm_v1.SPARSE_ROWS.pending = True  # look for sparse rows whatever the fills said
-            stand_in.apply_token_bitmask_inplace(got, rows, indices=indices)
-            assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (step, indices)
+            for hinted in (True, False):  # with the fill's hint, and as a worker without one (by content)
+                got = logits.clone()
+                vllm_v1.FILLED_ROWS._served = dict(served) if hinted else {}
+                vllm_v1.FILLED_ROWS.seen_fills = hinted
+                stand_in.apply_token_bitmask_inplace(got, rows, indices=indices)
+                assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (step, indices, hinted)
         for row, grammar in enumerate(grammars):
             allowed = allowed_from_words(bitmask[row].numpy(), backend.vocab_size).nonzero()[0]
             if (row < 2 or step % 2) and len(allowed) and not grammar.is_terminated():
                 grammar.accept_tokens("r", [int(rng.choice(allowed))])
-    assert mc.stats().get("sparse_apply_rows", 0) > 0
+    stats = mc.stats()
+    assert stats.get("sparse_apply_rows", 0) > 0 and stats.get("dense_apply_rows", 0) > 0, stats
     mc.uninstall()
     assert not isinstance(utils.xgr, vllm_v1.XgrammarStandIn)
     assert utils.xgr is stand_in.original  # vLLM's own LazyLoader (or module) is back
