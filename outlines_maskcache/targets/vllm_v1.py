@@ -30,9 +30,9 @@ guide's state, so it is cached (a hit costs ~6 us, mostly Python glue):
   :class:`~outlines_maskcache.bitmask_plans.BitmaskApplier`: a row that
   allows few tokens by keep-fill-restore (~40 us instead of xgrammar's
   ~500 us for a 1,000-of-128k row), a row that blocks few (inside a JSON
-  string) by one flat ``index_fill_`` over every such row of the batch on
-  torch's threads (~20 us a row at 128k instead of ~40 us on xgrammar's
-  one).  The fill tells it which cached rows it served (a hint, verified
+  string) by ``index_fill_`` on torch's threads, all such rows of a call at
+  once (~20 us a row at 128k and B = 32 instead of ~40 us on xgrammar's
+  one thread).  The fill tells it which cached rows it served (a hint, verified
   word for word against the bitmask); every other row, and every GPU
   tensor, goes to xgrammar, with the kernel's exact semantics.
   ``OUTLINES_MASKCACHE_SPARSE_APPLY=0`` turns the stand-in off,
@@ -65,13 +65,13 @@ from typing import Any
 import numpy as np
 
 from outlines_maskcache import compiled, stats_file
+from outlines_maskcache.bitmask_plans import BitmaskApplier
 from outlines_maskcache.config import FALSE_WORDS
 from outlines_maskcache.fingerprint import LOCAL_PREFIX, digest
 from outlines_maskcache.masking import bitmask_row, cached_or_stock
 from outlines_maskcache.patching import Patch
 from outlines_maskcache.quiet_guide import QuietGuide
 from outlines_maskcache.runtime import RUNTIME
-from outlines_maskcache.bitmask_plans import BitmaskApplier
 
 TARGET = "vllm-v1"
 ENV_QUIET_ADVANCE = "OUTLINES_MASKCACHE_QUIET_ADVANCE"
