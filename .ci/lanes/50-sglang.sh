@@ -22,6 +22,8 @@ cd "$(dirname "$0")/../.."
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 venv="${SGLANG_VENV:-.venv-sglang}"
 start=$SECONDS
+# Lean (CI): no later lane uses this venv.
+[ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && trap 'rm -rf "$venv"' EXIT
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install -U pip >/dev/null
