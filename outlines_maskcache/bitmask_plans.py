@@ -48,7 +48,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -152,7 +152,7 @@ class BitmaskApplier:
             whole = words == bits.shape[1] and unplanned == list(range(bits.shape[0]))
             estimates = _allowed_estimates(bits if whole else bits[unplanned, :words], n)
             for r, count in zip(unplanned, estimates):
-                if count * SPARSE_SHARE <= n:
+                if _kind(count, n) == _SPARSE:
                     plans[r] = self._content_plan(bits[r, :words], n)
         sparse = [(r, p.ids) for r, p in plans.items() if p.kind == _SPARSE]
         groups = _dense_groups(plans) if dense else []
@@ -183,9 +183,7 @@ class BitmaskApplier:
         Exact count over the whole row, for callers that check a row once
         and remember; :meth:`apply` classifies again for its vocab_size.
         """
-        allowed = int(_set_bits(row_bits))
-        total = 32 * row_bits.shape[-1]
-        return allowed * SPARSE_SHARE <= total or (total - allowed) * DENSE_SHARE <= total
+        return _kind(int(_set_bits(row_bits)), 32 * row_bits.shape[-1]) != _KERNEL
 
     def _hinted_plans(self, bits: np.ndarray, wanted: list[int], words: int, n: int,
                       expected: Sequence[np.ndarray]) -> dict[int, _Plan]:
@@ -229,13 +227,9 @@ class BitmaskApplier:
         import torch
 
         allowed = np.unpackbits(np.frombuffer(content, dtype=np.uint8), bitorder="little")[:n].astype(bool)
-        count = int(allowed.sum())
-        if count * SPARSE_SHARE <= n:
-            kind, ids = _SPARSE, np.flatnonzero(allowed)
-        elif (n - count) * DENSE_SHARE <= n:
-            kind, ids = _DENSE, np.flatnonzero(~allowed)
-        else:
-            kind, ids = _KERNEL, None
+        kind = _kind(int(allowed.sum()), n)
+        ids = (np.flatnonzero(allowed) if kind == _SPARSE
+               else np.flatnonzero(~allowed) if kind == _DENSE else None)
         plan = _Plan(kind, None if ids is None else torch.from_numpy(ids.astype(np.int64)), source, content)
         self._keep(key, plan, _size(key, plan), replace=True)
         return plan
@@ -287,13 +281,29 @@ def _flat_rows(logits: Any) -> Any:
     return logits.as_strided(((rows - 1) * logits.stride(0) + width,), (1,))
 
 
+def _kind(allowed: int, n: int) -> str:
+    """How a row allowing ``allowed`` of ``n`` tokens is applied: sparse, dense or by the kernel."""
+    if allowed * SPARSE_SHARE <= n:
+        return _SPARSE
+    return _DENSE if (n - allowed) * DENSE_SHARE <= n else _KERNEL
+
+
+def _group_by_ids(pairs: Iterable[tuple[int, Any]]) -> list[tuple[Any, list[int]]]:
+    """(row, ids) pairs grouped by ids object: (ids, rows), in order of first appearance.
+
+    Plans are shared objects, so rows in one state share one ids tensor
+    and one tensor op serves them all.
+    """
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for r, ids in pairs:
+        groups.setdefault(id(ids), (ids, []))[1].append(r)
+    return list(groups.values())
+
+
 def _dense_groups(plans: dict[int, _Plan]) -> list[tuple[Any, list[int]]]:
     """Dense rows grouped by plan: (blocked ids, rows), largest group first."""
-    groups: dict[int, tuple[Any, list[int]]] = {}
-    for r, plan in plans.items():
-        if plan.kind == _DENSE:
-            groups.setdefault(id(plan.ids), (plan.ids, []))[1].append(r)
-    return sorted(groups.values(), key=lambda g: -len(g[1]))
+    groups = _group_by_ids((r, p.ids) for r, p in plans.items() if p.kind == _DENSE)
+    return sorted(groups, key=lambda g: -len(g[1]))
 
 
 def _column_group(groups: list[tuple[Any, list[int]]], n_rows: int) -> tuple[Any, list[int]] | None:
@@ -307,7 +317,7 @@ def _column_group(groups: list[tuple[Any, list[int]]], n_rows: int) -> tuple[Any
     """
     if not groups:
         return None
-    ids, rows = groups[0]
+    rows = groups[0][1]
     return groups[0] if 2 * (n_rows - len(rows)) <= len(rows) else None
 
 
@@ -366,11 +376,8 @@ def _keep_fill_restore(view: Any, sparse: list[tuple[int, Any]]) -> None:
 
     from outlines_maskcache.kernels import LogitsLost
 
-    groups: dict[int, tuple[Any, list[int]]] = {}
-    for r, ids in sparse:
-        groups.setdefault(id(ids), (ids, []))[1].append(r)
     plans = []
-    for ids, rows in groups.values():
+    for ids, rows in _group_by_ids(sparse):
         if len(rows) == 1:  # 1-d ops are cheaper than advanced indexing for one row
             plans.append((ids, rows, None, view[rows[0]].index_select(0, ids)))
         else:

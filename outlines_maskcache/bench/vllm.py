@@ -185,7 +185,7 @@ def print_table(cases: list[Case]) -> None:
 def main_args(args: Any) -> int:
     from outlines_maskcache.bench.report import progress_bar
 
-    variants = tuple(args.variants)
+    variants = tuple(args.variants) if args.variants else VARIANTS
     total = len(args.batch) * (args.repeats + 1) * len(variants) * (len(args.grammars) + (args.schemas - 1 if "maskbench" in args.grammars else 0))
     with progress_bar(total, "vLLM generate") as advance:
         cases = run(args.tokenizer, tuple(args.grammars), tuple(args.batch), args.new_tokens, args.repeats,
