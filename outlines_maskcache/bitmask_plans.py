@@ -11,11 +11,15 @@ B = 32, 128k, fresh logits from a matmul):
   the kernel pays ~500 us for one allowing 1,000 tokens): keep the allowed
   logits, fill the row with ``-inf`` (a memset), put them back, ~40-60 us;
 * a **dense** row (blocks at most 1/``DENSE_SHARE``: free text inside a
-  JSON string, ~5,000 of 128k blocked, ~40 us a row in the kernel): the
-  blocked ids of every such row of the call in one flat ``index_fill_``,
-  which torch spreads over its intra-op threads, ~20 us a row.  One row
-  alone is below torch's parallel grain and gains nothing, which is why
-  the rows are written as one op.
+  JSON string, ~5,000 of 128k blocked, ~40 us a row in the kernel): when
+  most of the batch sits in such states, the largest group's blocked ids
+  are written down every row of the logits at once
+  (``logits.t().index_fill_``, on torch's intra-op threads, ~15 us a row),
+  and the rows that must not get them are put right: a sparse row is
+  rewritten anyway, a row of another dense state gets only the few ids
+  the two differ in, any other row has its values there put back.  That
+  touches the logits about as much as one read-write pass over them,
+  the floor for an exact mask.
 
 A plan is found in one of two ways, and used only for bits equal, word
 for word, to the ones it was made from:
@@ -34,13 +38,12 @@ Nothing here knows which engine or grammar produced the bitmask.
 Semantics are the kernel's, bit for bit, NaN included: for every listed row
 and every token ``j < vocab_size`` whose bit is 0 the logit becomes
 ``-inf``; allowed logits are unchanged; tokens at or past ``vocab_size``
-are untouched.  All plans are made, and all allowed values read, before the
-first logit is written, so a failure until then leaves the logits as they
-were.  The kernel's rows and the dense rows are written first: writing
-``-inf`` where a bit is 0 is idempotent, so if one of those writes fails the
-caller's kernel can still run over the whole call.  Only the sparse rows'
-fill-and-restore is not; a failure there restores the allowed values or
-raises ``LogitsLost``.
+are untouched.  All plans are made, and every value a write could clobber
+is read, before the first logit is written.  If the column write or a
+sparse fill fails, those values are put back, which leaves only ``-inf``
+where a bit is 0, so the caller's kernel can still run over the whole
+call; if putting back fails too, ``LogitsLost`` says so.  The kernel's own
+rows go last: writing ``-inf`` where a bit is 0 is idempotent.
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ DENSE_SHARE = 8
 SAMPLED_WORDS = 64
 #: bytes of plans (keys and ids) kept before the least recently used is dropped
 DEFAULT_MAX_BYTES = 64 << 20
+#: a blocked id written down a column costs about this many times a token read by the kernel
+#: (B = 32, 128k: ~3 ns an id and row against ~0.3 ns a token; docs/benchmarks.md)
+COLUMN_COST = 10
+#: pairs of dense plans whose difference is kept (a JSON schema has a few string states)
+MAX_DIFFERENCES = 256
 
 #: applies the kernel to the given rows; None means the whole call, exactly as the caller made it
 Fallback = Callable[[Optional[list[int]]], None]
@@ -88,19 +96,22 @@ class _Plan(NamedTuple):
 
 
 class BitmaskApplier:
-    """Applies bitmask rows by cached plans (sparse: keep-fill-restore; dense: one flat ``index_fill_``)."""
+    """Applies bitmask rows by cached plans (sparse: keep-fill-restore; dense: one column write)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        #: (id(ids), id(other)) -> (ids, other, what ids blocks that other allows, what other blocks beyond ids)
+        self._differences: dict[tuple[int, int], tuple[Any, Any, Any, Any]] = {}
         #: plans made (misses of the LRU)
         self.plans_made = 0
 
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+            self._differences.clear()
             self._bytes = 0
 
     def __len__(self) -> int:
@@ -155,27 +166,16 @@ class BitmaskApplier:
                 if _kind(count, n) == _SPARSE:
                     plans[r] = self._content_plan(bits[r, :words], n)
         sparse = [(r, p.ids) for r, p in plans.items() if p.kind == _SPARSE]
-        groups = _dense_groups(plans) if dense else []
-        column = _column_group(groups, logits.shape[0])
-        flat_groups = [g for g in groups if g is not column]
-        flat_logits = _flat_rows(logits) if flat_groups else None
-        if flat_logits is None:
-            flat_groups = []
-        flat_ids = _flat_dense_ids(flat_groups, int(logits.stride(0))) if flat_groups else None
-        planned = {r for r, _ in sparse}
-        for _, group_rows in flat_groups + ([column] if column is not None else []):
-            planned.update(group_rows)
-        dense_count = len(planned) - len(sparse)
-        rest = [r for r in wanted if r not in planned]
-        if column is not None:  # first: the only step that touches rows it does not mask
-            _fill_columns(logits, *column)
-        if rest:
+        sparse_rows = {r for r, _ in sparse}
+        dense_plans = {r: p for r, p in plans.items() if p.kind == _DENSE} if dense else {}
+        route = _column_route(dense_plans, sparse_rows, n_rows, n, self._difference) if dense_plans else None
+        covered = route.covered if route is not None else set()
+        rest = [r for r in wanted if r not in sparse_rows and r not in covered]
+        if route is not None or sparse:
+            _write_in_place(logits, logits if n == logits.shape[1] else logits[:, :n], route, sparse)
+        if rest:  # last: -inf where a bit is 0 is idempotent, so a failure here can redo the whole call
             fallback(rest)
-        if flat_ids is not None:
-            flat_logits.index_fill_(0, flat_ids, float("-inf"))
-        if sparse:
-            _keep_fill_restore(logits if n == logits.shape[1] else logits[:, :n], sparse)
-        return Applied(len(sparse), dense_count, len(rest))
+        return Applied(len(sparse), len(covered), len(rest))
 
     def would_plan(self, row_bits: np.ndarray) -> bool:
         """Whether a bitmask row (int32 words) is sparse or dense enough to be planned.
@@ -249,6 +249,28 @@ class BitmaskApplier:
         self._keep(key, plan, _size(key, plan))
         return plan
 
+    def _difference(self, ids: Any, other: Any) -> tuple[Any, Any]:
+        """Two dense plans' blocked ids, compared once per pair of plans: (ids - other, other - ids).
+
+        Held with both tensors and checked by identity, so an id reused by
+        a new tensor after the old one was freed can never match.
+        """
+        key = (id(ids), id(other))
+        with self._lock:
+            known = self._differences.get(key)
+        if known is not None and known[0] is ids and known[1] is other:
+            return known[2], known[3]
+        import torch
+
+        a, b = ids.numpy(), other.numpy()
+        only_ids = torch.from_numpy(np.setdiff1d(a, b, assume_unique=True).astype(np.int64))
+        only_other = torch.from_numpy(np.setdiff1d(b, a, assume_unique=True).astype(np.int64))
+        with self._lock:
+            if len(self._differences) >= MAX_DIFFERENCES:
+                self._differences.clear()
+            self._differences[key] = (ids, other, only_ids, only_other)
+        return only_ids, only_other
+
     def _keep(self, key: tuple, plan: _Plan, size: int, replace: bool = False) -> None:
         with self._lock:
             self.plans_made += 1
@@ -266,19 +288,6 @@ class BitmaskApplier:
 def _size(key: tuple, plan: _Plan) -> int:
     ids = 0 if plan.ids is None else plan.ids.numel() * 8
     return (len(key[2]) if key[0] == "bytes" else int(plan.source.nbytes) + len(plan.content)) + ids
-
-
-def _flat_rows(logits: Any) -> Any:
-    """The logits' rows as one 1-d view of their storage (row padding included), or None.
-
-    vLLM's CPU logits are rows of a wider buffer (128,257 columns with a
-    stride of 128,320); only positions ``r * stride + j`` with ``j`` below
-    the width are ever written through it.
-    """
-    rows, width = logits.shape
-    if logits.stride(1) != 1 or (rows > 1 and logits.stride(0) < width):
-        return None
-    return logits.as_strided(((rows - 1) * logits.stride(0) + width,), (1,))
 
 
 def _kind(allowed: int, n: int) -> str:
@@ -300,105 +309,130 @@ def _group_by_ids(pairs: Iterable[tuple[int, Any]]) -> list[tuple[Any, list[int]
     return list(groups.values())
 
 
-def _dense_groups(plans: dict[int, _Plan]) -> list[tuple[Any, list[int]]]:
-    """Dense rows grouped by plan: (blocked ids, rows), largest group first."""
-    groups = _group_by_ids((r, p.ids) for r, p in plans.items() if p.kind == _DENSE)
-    return sorted(groups, key=lambda g: -len(g[1]))
+class _Route(NamedTuple):
+    """One column write of ``ids`` down every row of the logits, and what puts the other rows right."""
+
+    ids: Any
+    #: rows the write masks exactly: the group's, and other dense rows once corrected
+    covered: set[int]
+    #: (rows, ids): rows whose values at ids are read before the write and put back after
+    restore: list[tuple[list[int], Any]]
+    #: (rows, ids): other dense rows' blocked ids that the column write missed
+    extra: list[tuple[list[int], Any]]
 
 
-def _column_group(groups: list[tuple[Any, list[int]]], n_rows: int) -> tuple[Any, list[int]] | None:
-    """The dense group worth writing as whole columns (``index_fill_`` on dim 1), if any.
+def _column_route(dense: dict[int, _Plan], sparse_rows: set[int], n_rows: int, n: int,
+                  diff: Callable[[Any, Any], tuple[Any, Any]]) -> _Route | None:
+    """Whether the largest dense group's blocked columns, written down every row, beat the kernel.
 
-    Filling the blocked columns of every row needs no per-step index
-    (building the flat one for 32 rows of 128k costs ~190 us once the
-    matmul has evicted the caches) but hits the rows outside the group,
-    whose values there are saved first and put back: worth it while those
-    are at most half as many as the group's.
+    Written on the transposed logits (``logits.t().index_fill_(0, ids)``),
+    the column write costs ~15 us a row at 128k and B = 32, needs no
+    per-step index (a flat one for 32 rows took ~190 us to build once the
+    matmul had evicted the caches, and its 1.2 MB allocation made the write
+    itself vary 2x from run to run), but it lands on every row:
+
+    * a sparse row is filled and restored afterwards anyway: free;
+    * a row of another dense plan (the string of another JSON field: a few
+      dozen tokens differ) gets only the difference: the group's ids it
+      allows are put back, its own the write missed are written (unless
+      the two differ in more than half as many ids as the group blocks);
+    * any other row (the kernel's, or one the call does not mask) has every
+      value under the group's ids put back, ~50 us a row.
+
+    The kernel reads every word of a row (~40 us at 128k, ~0.3 ns a token)
+    where the column write costs ~3 ns per blocked id and row, and putting
+    a row back about twice that again; so the write pays when
+    ``COLUMN_COST * ids * (n_rows + 3 * others) <= n * covered``.
     """
+    groups = sorted(_group_by_ids((r, p.ids) for r, p in dense.items()), key=lambda g: -len(g[1]))
     if not groups:
         return None
-    rows = groups[0][1]
-    return groups[0] if 2 * (n_rows - len(rows)) <= len(rows) else None
+    ids = groups[0][0]
+    covered = set(groups[0][1])
+    restore: list[tuple[list[int], Any]] = []
+    extra: list[tuple[list[int], Any]] = []
+    for other_ids, rows in groups[1:]:
+        allowed_here, missed = diff(ids, other_ids)
+        if 2 * (allowed_here.numel() + missed.numel()) > ids.numel():
+            continue  # too unlike: the kernel's, with its values under ids put back
+        covered.update(rows)
+        if allowed_here.numel():
+            restore.append((rows, allowed_here))
+        if missed.numel():
+            extra.append((rows, missed))
+    others = [r for r in range(n_rows) if r not in covered and r not in sparse_rows]
+    if COLUMN_COST * ids.numel() * (n_rows + 3 * len(others)) > n * len(covered):
+        return None
+    if others:
+        restore.append((others, ids))
+    return _Route(ids, covered, restore, extra)
 
 
-def _fill_columns(logits: Any, ids: Any, rows: list[int]) -> None:
-    """Write -inf to columns ``ids`` of ``rows``: every row's columns, the others' values put back.
+def _pick(view: Any, rows: list[int], ids: Any) -> Any:
+    """``view[rows][:, ids]`` as a copy: 1-d ops for one row (cheaper than advanced indexing)."""
+    if len(rows) == 1:
+        return view[rows[0]].index_select(0, ids)
+    import torch
 
-    The others' values are read before the first write; if a write or the
-    put-back fails they are written back row by row, and if that fails too
-    :class:`~outlines_maskcache.kernels.LogitsLost` stops a fallback from
-    masking rows whose values are gone.  Once this returns, the only change
-    is ``-inf`` on blocked tokens of the group's rows, which the caller's
-    kernel would write too.
+    picked = torch.tensor(rows, dtype=torch.int64)
+    return view[(picked[:, None], ids[None, :])]
+
+
+def _put(view: Any, rows: list[int], ids: Any, values: Any) -> None:
+    if len(rows) == 1:
+        view[rows[0]].index_copy_(0, ids, values)
+    else:
+        import torch
+
+        picked = torch.tensor(rows, dtype=torch.int64)
+        view.index_put_((picked[:, None], ids[None, :]), values)
+
+
+def _write_in_place(logits: Any, view: Any, route: _Route | None, sparse: list[tuple[int, Any]]) -> None:
+    """The column write and the sparse rows' fill-and-restore, as one step that undoes itself on failure.
+
+    Every value either step must keep (the sparse rows' allowed logits,
+    the values under the column ids of rows the write must not mask) is
+    read before the first write.  Sparse rows sharing a plan are filled in
+    one op, not one per row: a batch in a sparse grammar has many rows and
+    few distinct plans, and per row the ops' own overhead (~12 us for
+    three) was most of the cost at B = 128.  If a write fails, every kept
+    value is put back, which leaves only ``-inf`` on tokens the bitmask
+    blocks, so the caller's kernel can redo the whole call; if putting back
+    fails too, :class:`~outlines_maskcache.kernels.LogitsLost` stops a
+    fallback from masking logits whose values are gone.
     """
     import torch
 
     from outlines_maskcache.kernels import LogitsLost
 
-    group = set(rows)
-    others = torch.tensor([r for r in range(logits.shape[0]) if r not in group], dtype=torch.int64)
-    kept = logits[(others[:, None], ids[None, :])] if len(others) else None
+    neg = float("-inf")
+    kept_sparse = [(rows, ids, _pick(view, rows, ids)) for ids, rows in _group_by_ids(sparse)]
+    kept_route = [(rows, ids, _pick(logits, rows, ids)) for rows, ids in route.restore] if route else []
     try:
-        logits.index_fill_(1, ids, float("-inf"))
-        if kept is not None:
-            logits.index_put_((others[:, None], ids[None, :]), kept)
-    except Exception as err:
-        try:
-            if kept is not None:
-                for i, r in enumerate(others.tolist()):
-                    logits[r].index_copy_(0, ids, kept[i])
-        except Exception as again:
-            raise LogitsLost(f"could not restore the logits of rows outside the mask after {err!r}") from again
-        raise
-
-
-def _flat_dense_ids(groups: list[tuple[Any, list[int]]], stride: int) -> Any:
-    """The groups' blocked ids as positions in the flattened logits."""
-    import torch
-
-    parts = [(torch.tensor(rows, dtype=torch.int64)[:, None] * stride + ids[None, :]).reshape(-1)
-             for ids, rows in groups]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _keep_fill_restore(view: Any, sparse: list[tuple[int, Any]]) -> None:
-    """Rows sharing a plan (the same ids object) in three tensor ops, not three per row.
-
-    A batch in a sparse grammar has many rows and few distinct plans; per
-    row, the ops' own overhead (~12 us for three) was most of the cost at
-    B = 128.  Every allowed value is read before the first row is filled;
-    if a put-back fails they are written back row by row, and if that fails
-    too :class:`~outlines_maskcache.kernels.LogitsLost` stops a fallback
-    from masking logits whose allowed values are gone (the same contract as
-    the torch kernel's sparse rows).
-    """
-    import torch
-
-    from outlines_maskcache.kernels import LogitsLost
-
-    plans = []
-    for ids, rows in _group_by_ids(sparse):
-        if len(rows) == 1:  # 1-d ops are cheaper than advanced indexing for one row
-            plans.append((ids, rows, None, view[rows[0]].index_select(0, ids)))
-        else:
-            picked = torch.tensor(rows, dtype=torch.int64)
-            plans.append((ids, rows, picked, view[(picked[:, None], ids[None, :])]))
-    try:
-        for ids, rows, picked, kept in plans:
-            if picked is None:
-                row = view[rows[0]]
-                row.fill_(float("-inf"))
-                row.index_copy_(0, ids, kept)
+        if route is not None:
+            logits.t().index_fill_(0, route.ids, neg)
+            for rows, ids, values in kept_route:
+                _put(logits, rows, ids, values)
+            for rows, ids in route.extra:
+                for r in rows:
+                    logits[r].index_fill_(0, ids, neg)
+        for rows, ids, values in kept_sparse:
+            if len(rows) == 1:
+                view[rows[0]].fill_(neg)
             else:
-                view.index_fill_(0, picked, float("-inf"))
-                view.index_put_((picked[:, None], ids[None, :]), kept)
+                view.index_fill_(0, torch.tensor(rows, dtype=torch.int64), neg)
+            _put(view, rows, ids, values)
     except Exception as err:
         try:
-            for ids, rows, _, kept in plans:
+            for rows, ids, values in kept_route:
                 for i, r in enumerate(rows):
-                    view[r][ids] = kept if kept.dim() == 1 else kept[i]
+                    logits[r].index_copy_(0, ids, values if values.dim() == 1 else values[i])
+            for rows, ids, values in kept_sparse:
+                for i, r in enumerate(rows):
+                    view[r].index_copy_(0, ids, values if values.dim() == 1 else values[i])
         except Exception as again:
-            raise LogitsLost(f"could not restore allowed logits after {err!r}") from again
+            raise LogitsLost(f"could not restore the logits after {err!r}") from again
         raise
 
 

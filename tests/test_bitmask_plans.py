@@ -35,12 +35,18 @@ def _bitmask(rng: np.random.Generator, n_rows: int, words: int, shares: list[flo
 def cases(draw, min_vocab: int = 1):
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    n_rows = draw(st.integers(1, 6))
+    n_rows = draw(st.integers(1, 10))
     vocab = draw(st.integers(min_vocab, 700))
     words = (vocab + 31) // 32 + draw(st.integers(0, 1))  # bitmask may be wider than the vocabulary
     width = vocab + draw(st.integers(0, 40))  # logits may be wider than the vocabulary
     shares = draw(st.lists(st.sampled_from([0.0, 0.002, 0.02, 0.1, 0.5, 0.97, 1.0]), min_size=1, max_size=4))
-    bitmask = _bitmask(rng, max(n_rows, draw(st.integers(1, 6))), words, shares)
+    bitmask = _bitmask(rng, max(n_rows, draw(st.integers(1, 10))), words, shares)
+    for r in draw(st.lists(st.integers(1, bitmask.shape[0] - 1), max_size=8)) if bitmask.shape[0] > 1 else ():
+        # near copies of row 0 (another JSON field's string): the column route corrects only the difference
+        near = bitmask[0].numpy().copy()
+        for _ in range(draw(st.integers(0, 3))):
+            near.view(np.uint32)[draw(st.integers(0, words - 1))] ^= np.uint32(1 << draw(st.integers(0, 31)))
+        bitmask[r] = torch.from_numpy(near)
     logits = torch.from_numpy(rng.standard_normal((n_rows, width)).astype(np.float32) * 4)
     if draw(st.booleans()):
         logits[torch.from_numpy(rng.random(logits.shape) < 0.05)] = float("nan")
@@ -87,7 +93,8 @@ def hints(draw, bitmask: torch.Tensor):
     """Rows a filler would say it served: copies of bitmask rows, and decoys one word away from one."""
     bits = bitmask.numpy()
     expected = []
-    for r in draw(st.lists(st.integers(0, bits.shape[0] - 1), max_size=4)):
+    every = st.just(list(range(bits.shape[0])))  # the usual case: the filler served every row
+    for r in draw(st.one_of(every, st.lists(st.integers(0, bits.shape[0] - 1), max_size=4))):
         row = bits[r].copy()
         if draw(st.booleans()):  # a decoy: equal but for one word, sampled or not
             word = draw(st.integers(0, row.shape[0] - 1))
@@ -120,27 +127,90 @@ def test_equals_reference_bit_for_bit(case, data):
         assert sum(counts) == len(range(logits.shape[0]) if rows is None else rows)
 
 
+@st.composite
+def column_cases(draw):
+    """Batches most of whose rows sit in one dense state, as in a JSON string: what the column route is for."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n_rows = draw(st.integers(2, 12))
+    words = draw(st.integers(2, 24))
+    base = np.packbits(rng.random(words * 32) < draw(st.sampled_from([0.9, 0.97, 1.0])), bitorder="little").view(np.int32)
+    rows = []
+    for _ in range(n_rows):
+        kind = draw(st.sampled_from(["base", "base", "base", "near", "sparse", "kernel", "other dense"]))
+        if kind in ("base", "near"):
+            row = base.copy()
+            bits = np.unpackbits(row.view(np.uint8), bitorder="little")
+            for _ in range(draw(st.integers(1, 4)) if kind == "near" else 0):
+                blocked = np.flatnonzero(bits == 0)
+                if len(blocked) and draw(st.booleans()):  # allows a token the base blocks
+                    bits[blocked[draw(st.integers(0, len(blocked) - 1))]] = 1
+                else:  # blocks one more
+                    bits[draw(st.integers(0, len(bits) - 1))] = 0
+            row = np.packbits(bits, bitorder="little").view(np.int32)
+        else:
+            share = {"sparse": 0.02, "kernel": 0.5, "other dense": 0.95}[kind]
+            row = np.packbits(rng.random(words * 32) < share, bitorder="little").view(np.int32)
+        rows.append(row)
+    bitmask = torch.from_numpy(np.stack(rows).copy())
+    width = words * 32 + draw(st.integers(0, 8))
+    logits = torch.from_numpy(rng.standard_normal((n_rows, width)).astype(np.float32) * 4)
+    if draw(st.booleans()):
+        logits[torch.from_numpy(rng.random(logits.shape) < 0.05)] = float("nan")
+    logits = logits.to(draw(st.sampled_from(DTYPES)))
+    if draw(st.booleans()):  # vLLM's CPU logits: rows of a wider buffer
+        logits = torch.cat([logits, torch.full((n_rows, 3), 7.0, dtype=logits.dtype)], dim=1)[:, :width]
+    listed = None
+    if draw(st.booleans()):
+        listed = draw(st.lists(st.integers(0, n_rows - 1), min_size=1, max_size=n_rows, unique=True))
+    served = draw(st.lists(st.integers(0, n_rows - 1), min_size=1, max_size=n_rows))
+    return logits, bitmask, listed, [bitmask[r].numpy().copy() for r in served]
+
+
+@settings(deadline=None)
+@given(column_cases())
+def test_column_route_equals_reference_bit_for_bit(case):
+    logits, bitmask, rows, served = case
+    expected = logits.clone()
+    reference(expected, bitmask, rows, None)
+    applier = BitmaskApplier()
+    for _ in range(2):  # the second pass serves plans and differences from what was kept
+        got, counts = _applied(applier, logits, bitmask, rows, None, expected=served, by_content=False)
+        assert _same(got, expected)
+        assert sum(counts) == len(range(logits.shape[0]) if rows is None else rows)
+        if logits.stride(0) > logits.shape[1]:  # the padding past each row is never written
+            padding = got.as_strided((got.shape[0], 3), (got.stride(0), 1), got.storage_offset() + got.shape[1])
+            assert bool((padding == 7.0).all())
+
+
 def test_dense_rows_are_planned_from_hints_only():
-    """A dense row is matched to the row the filler served, compared in full, and written by one index_fill_."""
+    """A dense row is matched to the row the filler served, compared in full, and written by the column route."""
     rng = np.random.default_rng(1)
-    bitmask = _bitmask(rng, 6, 4008, [0.97, 0.99, 0.5])  # 128,256 tokens
-    bitmask[3] = bitmask[0]
+    bitmask = _bitmask(rng, 8, 4008, [0.97, 0.97, 0.5])  # 128,256 tokens
+    for r in (3, 5, 6, 7):
+        bitmask[r] = bitmask[0]
+    near = bitmask[0].numpy().copy()
+    near[[10, 2000, 3999]] ^= 0x00F0_0F00  # another dense state: a few dozen tokens differ
+    bitmask[1] = torch.from_numpy(near)
     served = [bitmask[k].numpy().copy() for k in (0, 1)]
     decoy = bitmask[4].numpy().copy()
     decoy[4001] ^= 1  # past every sampled word: only the full comparison tells it apart
-    logits = torch.randn(6, 128_256)
+    logits = torch.randn(8, 128_256)
     expected = logits.clone()
     reference(expected, bitmask, None, None)
     applier = BitmaskApplier()
     got, counts = _applied(applier, logits, bitmask, None, None, expected=served + [decoy], by_content=False)
     assert _same(got, expected)
-    assert counts == Applied(sparse=0, dense=3, kernel=3)  # rows 0, 1, 3; row 4 (decoy) and the 0.5 rows to the kernel
+    assert counts == Applied(sparse=0, dense=6, kernel=2)  # 0, 3, 5-7 and 1 (its difference); 4 (decoy) and 2 to the kernel
     made = applier.plans_made
-    got, counts = _applied(applier, logits, bitmask, [3, 1, 2], None, expected=served, by_content=False)
-    assert _same(got[[3, 1, 2]], expected[[3, 1, 2]]) and counts == Applied(0, 2, 1)
+    got, counts = _applied(applier, logits, bitmask, [3, 1, 2, 0, 5, 6, 7], None, expected=served, by_content=False)
+    listed = [0, 1, 2, 3, 5, 6, 7]
+    assert _same(got[listed], expected[listed]) and _same(got[4], logits[4]) and counts == Applied(0, 6, 1)
     assert applier.plans_made == made  # plans are kept per served row object
+    got, counts = _applied(applier, logits, bitmask, [3, 1], None, expected=served, by_content=False)
+    assert _same(got[[3, 1]], expected[[3, 1]]) and counts == Applied(0, 0, 2)  # six other rows to keep: not worth it
+    assert _same(got[[0, 2, 4, 5, 6, 7]], logits[[0, 2, 4, 5, 6, 7]])
     got, counts = _applied(applier, logits, bitmask, None, None, expected=served, dense=False)
-    assert _same(got, expected) and counts == Applied(0, 0, 6)
+    assert _same(got, expected) and counts == Applied(0, 0, 8)
 
 
 def test_sparse_rows_are_planned_from_hints_without_hashing(monkeypatch):
@@ -156,27 +226,32 @@ def test_sparse_rows_are_planned_from_hints_without_hashing(monkeypatch):
     assert _same(got, expected) and counts == Applied(3, 0, 0)
 
 
-def test_failed_dense_write_leaves_the_kernel_a_whole_call(monkeypatch):
-    """Dense rows are written after the kernel's and before any keep-fill-restore: a failure there is redone by the kernel."""
+def test_failed_column_write_leaves_the_kernel_a_whole_call(monkeypatch):
+    """A column write that fails once written: every row it must not mask is put back, sparse rows included."""
     rng = np.random.default_rng(3)
-    bitmask = _bitmask(rng, 3, 64, [0.97, 0.01, 0.5])
-    served = [bitmask[k].numpy().copy() for k in range(3)]
-    logits = torch.randn(3, 64 * 32)
+    bitmask = _bitmask(rng, 6, 64, [0.97, 0.97, 0.97, 0.97, 0.01, 0.5])
+    bitmask[1:4] = bitmask[0]
+    served = [bitmask[k].numpy().copy() for k in (0, 4)]
+    logits = torch.randn(6, 64 * 32)
     expected = logits.clone()
     reference(expected, bitmask, None, None)
     real = torch.Tensor.index_fill_
 
     def broken(self, dim, index, value):
-        if self.dim() == 1:  # the flat dense write (the sparse rows are filled by fill_ or on 2-d views)
-            raise RuntimeError("dense write failed")
-        return real(self, dim, index, value)
+        real(self, dim, index, value)
+        if not self.is_contiguous():  # the column write, on the transposed logits
+            raise RuntimeError("column write failed")
+        return self
 
     monkeypatch.setattr(torch.Tensor, "index_fill_", broken)
     got = logits.clone()
-    with pytest.raises(RuntimeError, match="dense write failed"):
-        BitmaskApplier().apply(got, bitmask, None, None, lambda rows: reference(got, bitmask, rows, None),
-                               expected=served)
-    assert torch.equal(got[1], logits[1])  # the sparse row was not touched yet
+    kernel_calls = []
+    with pytest.raises(RuntimeError, match="column write failed"):
+        BitmaskApplier().apply(got, bitmask, None, None, kernel_calls.append, expected=served)
+    assert kernel_calls == []  # the kernel runs last, after every write that could fail
+    assert _same(got[5], logits[5])  # the kernel's row: as it was
+    allowed = torch.from_numpy(np.unpackbits(bitmask[4].numpy().view(np.uint8), bitorder="little").astype(bool))
+    assert _same(got[4][allowed], logits[4][allowed])  # the sparse row: its allowed values put back
     reference(got, bitmask, None, None)  # what the caller's fallback does: the kernel over the whole call
     assert _same(got, expected)
 
@@ -282,7 +357,7 @@ def test_failed_put_back_restores_allowed_values_or_raises_logits_lost(monkeypat
     rows_done = [r for r in range(3) if torch.isinf(got[r]).any()]
     for r in rows_done:  # every filled row got its allowed values back by the second route
         assert torch.equal(got[r], expected[r])
-    monkeypatch.setattr(torch.Tensor, "__setitem__", broken)
+    monkeypatch.setattr(torch.Tensor, "index_copy_", broken)
     with pytest.raises(LogitsLost):
         BitmaskApplier().apply(logits.clone(), bitmask, None, None, lambda rows: None)
 
@@ -306,17 +381,18 @@ def test_a_dominant_dense_group_is_written_as_columns_and_the_other_rows_kept():
         patch.setattr(torch.Tensor, "index_fill_", lambda self, dim, *a: calls.append((self.dim(), dim)) or real(self, dim, *a))
         got, counts = _applied(BitmaskApplier(), logits, bitmask, rows, None, expected=served, by_content=False)
     assert _same(got, expected) and counts == Applied(sparse=1, dense=4, kernel=0)
-    assert (2, 1) in calls  # the column write, not a flat one
+    assert (2, 0) in calls  # the column write, on the transposed logits
     assert _same(got[5], logits[5])
 
 
 def test_failed_column_write_puts_the_other_rows_back_or_raises_logits_lost(monkeypatch):
     from outlines_maskcache.kernels import LogitsLost
 
-    bitmask = _bitmask(np.random.default_rng(6), 3, 64, [0.97])
-    bitmask[1] = bitmask[0]
+    bitmask = _bitmask(np.random.default_rng(6), 8, 64, [0.97])
+    bitmask[1:] = bitmask[0]
     served = [bitmask[0].numpy().copy()]
-    logits = torch.randn(3, 64 * 32)
+    logits = torch.randn(8, 64 * 32)
+    listed = [0, 1, 2, 3, 4, 5]  # rows 6 and 7 share the state but are not listed: put back together
 
     def broken(*args, **kwargs):
         raise RuntimeError("put-back failed")
@@ -324,11 +400,11 @@ def test_failed_column_write_puts_the_other_rows_back_or_raises_logits_lost(monk
     monkeypatch.setattr(torch.Tensor, "index_put_", broken)
     got = logits.clone()
     with pytest.raises(RuntimeError, match="put-back failed"):
-        BitmaskApplier().apply(got, bitmask, [0, 1], None, lambda rows: None, expected=served)
-    assert _same(got[2], logits[2])  # restored row by row
+        BitmaskApplier().apply(got, bitmask, listed, None, lambda rows: None, expected=served)
+    assert _same(got[6:], logits[6:])  # restored row by row
     monkeypatch.setattr(torch.Tensor, "index_copy_", broken)
     with pytest.raises(LogitsLost):
-        BitmaskApplier().apply(logits.clone(), bitmask, [0, 1], None, lambda rows: None, expected=served)
+        BitmaskApplier().apply(logits.clone(), bitmask, listed, None, lambda rows: None, expected=served)
 
 
 def test_a_hinted_row_written_after_its_plan_gets_a_new_plan():

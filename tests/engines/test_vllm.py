@@ -174,10 +174,13 @@ def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
     stand_in.allocate_token_bitmask  # noqa: B018 - loads xgrammar; vLLM's LazyLoader must not displace us
     assert utils.xgr is stand_in
     # Two requests per spec; the second of each moves every other step, so the batch spans several states.
-    # A free string (no maxLength) gives dense rows: inside it almost every token is allowed.
-    free_text = json.dumps({"type": "object", "properties": {"bio": {"type": "string"}}, "required": ["bio"]})
+    # Free strings (no maxLength) give dense rows: inside one almost every token is allowed.  Most
+    # of the batch writes them, as in a JSON workload, so the column route runs; two fields give
+    # two dense states that differ in a few tokens, corrected row by row.
+    free_text = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}},
+                            "required": ["name", "bio"]})
     grammars = [backend.compile_grammar(request_type, _spec(kind)) for request_type, kind in SPECS * 2]
-    grammars += [backend.compile_grammar(StructuredOutputOptions.JSON, free_text) for _ in range(2)]
+    grammars += [backend.compile_grammar(StructuredOutputOptions.JSON, free_text) for _ in range(12)]
     bitmask = backend.allocate_token_bitmask(len(grammars))
     rng = random.Random(0)
     for step in range(16):
