@@ -37,14 +37,17 @@ class Oracle:
                     frontier.append(prev)
         self.live = live
 
-    def run(self, text: str):
-        state = self.fsm.initial
+    def path(self, text: str) -> list:
+        """The state after each prefix of ``text``, the empty one first; ends in None where it dies."""
+        states = [self.fsm.initial]
         for ch in text:
-            symbol = self.fsm.alphabet[ch]
-            state = self.fsm.map.get(state, {}).get(symbol)
-            if state is None:
-                return None
-        return state
+            states.append(self.fsm.map.get(states[-1], {}).get(self.fsm.alphabet[ch]))
+            if states[-1] is None:
+                break
+        return states
+
+    def run(self, text: str):
+        return self.path(text)[-1]
 
     def allows(self, prefix: str, token: str) -> bool:
         state = self.run(prefix + token)
@@ -63,7 +66,7 @@ class Oracle:
         subset state, and there outlines_core must allow exactly what the
         regex does.
         """
-        return any(self.complete(text[:i]) for i in range(len(text)))
+        return any(state in self.fsm.finals for state in self.path(text)[:len(text)])
 
 
 #: complete prefixes where outlines_core (stock and cached alike) disallows EOS
