@@ -11,7 +11,10 @@ pass leaves them), two distinct dense states spread over the batch:
 * ``index_put``: each state's blocked ids written with one ``index_put_``;
 * ``flat_index_fill``: all rows' blocked ids as one flat ``index_fill_``;
 * ``match_only``: only finding which cached row each bitmask row equals,
-  which any such apply must pay first.
+  which any such apply must pay first, as one vectorised compare;
+* ``match_bytes``, ``match_array_equal``, ``match_memoryview``: the same
+  match row by row, as ``bytes`` (a memcmp, what ``bitmask_plans`` ships),
+  with ``np.array_equal``, and with ``memoryview`` equality.
 
 Every variant's result is checked equal to xgrammar's before timing.
 """
@@ -56,6 +59,19 @@ def main(argv: list[str] | None = None) -> int:
             found[((bits == stacked[k]).all(axis=1)) & (found < 0)] = k
         return found
 
+    def match_rows(same) -> list[int]:
+        """match() row by row: ``same(row, k)`` says whether a bitmask row equals state k."""
+        bits = bitmask.numpy()
+        return [next((k for k in range(len(states)) if same(bits[r], k)), -1) for r in range(batch)]
+
+    known_bytes = [state.tobytes() for state in states]
+    known_views = [memoryview(state).cast("B") for state in states]
+    matchers = {
+        "match_bytes": lambda row, k: row.tobytes() == known_bytes[k],
+        "match_array_equal": lambda row, k: np.array_equal(row, states[k]),
+        "match_memoryview": lambda row, k: memoryview(row).cast("B") == known_views[k],
+    }
+
     def index_put(logits: torch.Tensor) -> None:
         found = match()
         for k, ids in enumerate(blocked):
@@ -71,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
     variants = {"xgrammar": lambda logits: xgr.apply_token_bitmask_inplace(logits, bitmask),
                 "index_put": index_put, "flat_index_fill": flat_index_fill, "match_only": lambda logits: match()}
+    variants.update({name: (lambda logits, same=same: match_rows(same)) for name, same in matchers.items()})
     expected = hidden @ weights
+    for name, same in matchers.items():
+        if match_rows(same) != match().tolist():
+            raise AssertionError(f"{name} matches rows differently")
     variants["xgrammar"](expected)
     for name in ("index_put", "flat_index_fill"):
         got = hidden @ weights
