@@ -11,7 +11,8 @@ import os
 from typing import Any
 
 from outlines_maskcache.config import ConfigError, Settings, enabled_from_env
-from outlines_maskcache.patching import UnsupportedVersionError, install, installed_targets, is_installed, uninstall
+from outlines_maskcache.contract import UnsupportedVersionError
+from outlines_maskcache.patching import install, installed_targets, is_installed, uninstall
 from outlines_maskcache.runtime import RUNTIME, disabled
 
 __version__ = "0.2.0"
@@ -43,11 +44,8 @@ def reset_stats() -> None:
 
 
 def clear() -> None:
-    """Drop every cached mask and memoized grammar in this process (counters and the store are kept)."""
-    from outlines_maskcache.persisted_masks import PERSISTED
-
+    """Drop every cached mask, memoized grammar and plan in this process (counters and the store are kept)."""
     RUNTIME.clear()
-    PERSISTED.clear()
 
 
 _UNSET: Any = object()
@@ -65,6 +63,9 @@ def configure(
     store_max_bytes: int | None = None,
     compile_timeout: float | None = _UNSET,
     compile_max_bytes: int | None = _UNSET,
+    quiet_advance: bool | None = None,
+    plan_sparse_rows: bool | None = None,
+    plan_dense_rows: bool | None = None,
 ) -> Settings:
     """Change settings; invalid values raise :class:`ConfigError` and change nothing.
 
@@ -83,11 +84,14 @@ def configure(
         in process and unbounded, as stock); with outlines 1.2-1.3 the JSON
         schema -> regex conversion runs there too, since for some real
         schemas it alone exhausts memory.
+    quiet_advance / plan_sparse_rows / plan_dense_rows: engine-side work
+        beyond the mask cache (docs/engines.md); on by default.
     """
     changes: dict[str, Any] = {
         k: v
         for k, v in dict(max_bytes=max_bytes, max_grammars=max_grammars, form=form, nan_guard=nan_guard, verify=verify,
-             sparse_below=sparse_below, store_max_bytes=store_max_bytes).items()
+             sparse_below=sparse_below, store_max_bytes=store_max_bytes, quiet_advance=quiet_advance,
+             plan_sparse_rows=plan_sparse_rows, plan_dense_rows=plan_dense_rows).items()
         if v is not None
     }
     if store is not _UNSET:

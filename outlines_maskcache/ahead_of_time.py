@@ -6,7 +6,9 @@ one of them loads it.  Schemas come from anywhere real schemas live: JSON
 Schema files, ``.regex`` files, folders of them, and MaskBench /
 JSONSchemaBench data files (``{"schema": ..., "tests": [...]}``).
 
-Every compile runs in a guarded worker (:mod:`outlines_maskcache.guard`):
+Nothing here depends on installed patches: the vocabulary is converted by
+stock's own function and named as the patched backend names it.  Every
+compile runs in a guarded worker (:mod:`outlines_maskcache.guard`):
 a schema that would run for minutes or exhaust memory fails alone, with its
 reason, and the run goes on.  Entries are written under exactly the keys
 outlines' own backend looks up (the vocabulary converted by outlines'
@@ -94,18 +96,11 @@ def read_grammars(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Grammar]:
 def outlines_vocabulary(hf_tokenizer: Any) -> tuple[Any, str]:
     """(Vocabulary, its content key) exactly as outlines' backend converts *hf_tokenizer* (via the store)."""
     from outlines.backends.outlines_core import OutlinesCoreBackend
-    from outlines.models.transformers import TransformerTokenizer
 
-    from outlines_maskcache.patching import install
+    from outlines_maskcache.patching import original
+    from outlines_maskcache.targets.outlines.backend import transformers_vocabulary
 
-    install()
-    tok = TransformerTokenizer(hf_tokenizer)
-    vocabulary = OutlinesCoreBackend.create_outlines_core_vocabulary(
-        tok.get_vocab(), tok.eos_token_id, tok.eos_token, tok.convert_token_to_string)
-    key = RUNTIME.grammars.get(vocabulary)
-    if key is None or not key.startswith(compiled.VOCABULARY_PREFIX):
-        raise RuntimeError("outlines_maskcache is not active: the vocabulary could not be named (OUTLINES_MASKCACHE=0?)")
-    return vocabulary, key
+    return transformers_vocabulary(hf_tokenizer, original(OutlinesCoreBackend, "create_outlines_core_vocabulary"))
 
 
 def compile_all(grammars: list[Grammar], vocabulary: Any, vocab_key: str, *, workers: int = 1,

@@ -234,7 +234,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
 def _e2e_schemas(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench import jsonschemabench as jsb
     from outlines_maskcache.bench import maskbench
-    from outlines_maskcache.bench.e2e import _hf_smollm2
+    from outlines_maskcache.bench.material import hf_smollm2 as _hf_smollm2
     from outlines_maskcache.bench.report import progress_bar
 
     try:

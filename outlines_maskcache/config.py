@@ -14,10 +14,18 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from outlines_maskcache.row_forms import SPARSE_BELOW
+
 ENV_ENABLE = "OUTLINES_MASKCACHE"
 ENV_MAX_BYTES = "OUTLINES_MASKCACHE_MAX_BYTES"
 ENV_STORE = "OUTLINES_MASKCACHE_STORE"
 ENV_STORE_MAX_BYTES = "OUTLINES_MASKCACHE_STORE_MAX_BYTES"
+#: switches for engine-side work beyond the mask cache (docs/engines.md), read once at import
+ENV_SWITCHES = {
+    "quiet_advance": "OUTLINES_MASKCACHE_QUIET_ADVANCE",
+    "plan_sparse_rows": "OUTLINES_MASKCACHE_SPARSE_APPLY",
+    "plan_dense_rows": "OUTLINES_MASKCACHE_DENSE_APPLY",
+}
 
 #: Bytes of cached masks allowed per device.  A 128k-vocabulary fp32 row is
 #: 512 KiB, so the default holds about 2,000 states per device.
@@ -32,7 +40,7 @@ FORMS = ("auto", "bound", "blocked")
 #: up to 2,004 ids (16 KiB) instead of a 512 KiB row, and applied by moving
 #: those values rather than combining a whole row.  Numbers, keys and
 #: punctuation of a JSON schema are such states; free text is not.
-DEFAULT_SPARSE_BELOW = 1 / 64
+DEFAULT_SPARSE_BELOW = SPARSE_BELOW
 #: ``store="auto"``: the platform's user cache directory (see ``store.default_root``)
 STORE_AUTO = "auto"
 #: Bytes of compiled grammars kept on disk; an Index for a JSON schema at
@@ -63,6 +71,12 @@ class Settings:
     #: directory of the persistent grammar store; ``auto`` = user cache dir; None = off
     store: str | None = STORE_AUTO
     store_max_bytes: int = DEFAULT_STORE_MAX_BYTES
+    #: engines: skip building the token list a caller of ``Guide.advance`` discards
+    quiet_advance: bool = True
+    #: engines applying int32 bitmasks on CPU: plan rows that allow few tokens
+    plan_sparse_rows: bool = True
+    #: ... and rows that block few (free text), written down the batch's columns
+    plan_dense_rows: bool = True
     #: inline compiles in a guarded child process (None = in process, as stock)
     compile_timeout: float | None = None
     compile_max_bytes: int | None = None
@@ -96,7 +110,7 @@ def _validate(name: str, value: object) -> None:
     elif name == "compile_max_bytes":
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 64 << 20):
             raise ConfigError(f"compile_max_bytes must be None or an int >= 64 MiB, got {value!r}")
-    elif name in ("nan_guard", "verify"):
+    elif name in ("nan_guard", "verify", *ENV_SWITCHES):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be a bool, got {value!r}")
     else:
@@ -139,6 +153,16 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
                 settings = settings.updated(**{name: parse_size(raw)})
             except ConfigError as err:
                 warnings.warn(f"{env}: {err}; keeping the default of {default} bytes", RuntimeWarning, stacklevel=3)
+    for name, env in ENV_SWITCHES.items():
+        raw = environ.get(env)
+        if raw is None or not raw.strip():
+            continue
+        value = raw.strip().lower()
+        if value in _TRUE | FALSE_WORDS:
+            settings = settings.updated(**{name: value in _TRUE})
+        else:
+            warnings.warn(f"{env}={raw!r} is not one of {sorted(_TRUE | FALSE_WORDS)}; keeping it on",
+                          RuntimeWarning, stacklevel=3)
     raw = environ.get(ENV_STORE)
     if raw is not None and raw.strip():
         value = raw.strip()

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import IO, Any, Callable
 
+from outlines_maskcache import outlines_core_calls as core
+
 _LEN = struct.Struct("<Q")
 #: how the child reports a failed allocation: Rust's ``handle_alloc_error``
 #: and CPython's MemoryError
@@ -100,7 +102,7 @@ class Worker:
         """
         def send(stdin: IO[bytes]) -> None:
             if vocabulary_key not in self._vocabularies:
-                _write_frame(stdin, {"op": "vocabulary", "key": vocabulary_key}, binary_of(vocabulary))
+                _write_frame(stdin, {"op": "vocabulary", "key": vocabulary_key}, core.binary_of(vocabulary))
                 self._vocabularies.add(vocabulary_key)
             _write_frame(stdin, {"op": "index", "kind": kind, "spec": spec, "vocabulary": vocabulary_key})
 
@@ -187,25 +189,6 @@ def _is_oom(text: str) -> bool:
     return any(mark in text for mark in _OOM_MARKS)
 
 
-def binary_of(obj: Any) -> bytes:
-    """The ``from_binary`` bytes of an outlines_core object, from its own ``__reduce__``.
-
-    Only that exact shape is accepted: anything else would need pickle.
-    """
-    reduced = obj.__reduce__()
-    if not (isinstance(reduced, tuple) and len(reduced) == 2 and getattr(reduced[0], "__name__", "") == "from_binary"
-            and len(reduced[1]) == 1 and isinstance(reduced[1][0], (bytes, bytearray))):
-        raise TypeError(f"{type(obj).__name__} does not serialise through from_binary")
-    return bytes(reduced[1][0])
-
-
-def schema_regex(schema: str, whitespace_pattern: str | None = None) -> str:
-    """outlines_core's regex for a JSON *schema*: what outlines' backend builds (default whitespace unless given)."""
-    from outlines_core.json_schema import build_regex_from_schema
-
-    return build_regex_from_schema(schema, whitespace_pattern)
-
-
 _local = threading.local()
 
 
@@ -222,10 +205,8 @@ def _thread_worker(max_bytes: int | None) -> Worker:
 def compile_index(regex: str, vocabulary: Any, vocabulary_key: str, timeout: float | None,
                   max_bytes: int | None) -> Any:
     """An outlines_core ``Index`` compiled in this thread's guarded worker (inline ``configure(compile_timeout=...)``)."""
-    from outlines_core import Index
-
     data, _ = _thread_worker(max_bytes).compile("regex", regex, vocabulary_key, vocabulary, timeout)
-    return Index.from_binary(data)
+    return core.load_index(data)
 
 
 def regex_from_schema(schema: str, whitespace_pattern: str | None, timeout: float | None,
@@ -241,8 +222,6 @@ def _serve(max_bytes: int) -> None:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (max_bytes, max_bytes))
-    from outlines_core import Index, Vocabulary
-
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     vocabularies: dict[str, Any] = {}
     while True:
@@ -251,18 +230,18 @@ def _serve(max_bytes: int) -> None:
         except EOFError:
             return
         if head["op"] == "vocabulary":
-            vocabularies[head["key"]] = Vocabulary.from_binary(payload)
+            vocabularies[head["key"]] = core.load_vocabulary(payload)
             continue
         start = time.perf_counter()
         try:
             spec = head["spec"]
             if head["op"] == "regex":
-                regex = schema_regex(spec, head.get("whitespace"))
+                regex = core.schema_regex(spec, head.get("whitespace"))
                 _write_frame(stdout, {"ok": True, "seconds": time.perf_counter() - start}, regex.encode())
                 continue
-            regex = schema_regex(spec) if head["kind"] == "json" else spec
-            index = Index(regex, vocabularies[head["vocabulary"]])
-            data = binary_of(index)
+            regex = core.schema_regex(spec) if head["kind"] == "json" else spec
+            index = core.new_index(regex, vocabularies[head["vocabulary"]])
+            data = core.binary_of(index)
             del index
             _write_frame(stdout, {"ok": True, "seconds": time.perf_counter() - start}, data)
         except BaseException as err:  # noqa: BLE001 - every failure is reported, the worker lives on

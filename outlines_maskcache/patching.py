@@ -1,8 +1,8 @@
-"""Reversible patches and the table of what may be patched.
+"""Applying and removing the targets' patches, reversibly.
 
 Modelled on OpenTelemetry's instrumentors: each :class:`Target` names the
-distribution and version range it supports as data, imports its module and
-returns the patches to apply.  A target is applied whole or not at all, and
+distribution and version range it supports as data; its adapter receives
+the imported module and the installed version and returns the patches.  A target is applied whole or not at all, and
 ``uninstall`` puts back the exact objects found in each owner's ``__dict__``
 (a staticmethod stays a staticmethod; an inherited attribute is deleted again).
 
@@ -13,78 +13,28 @@ outlines keeps running) and explicit ``install(strict=True)`` fails loudly.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
+import logging
 import sys
 import threading
 import warnings
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
+from outlines_maskcache.contract import Patch, Target, UnknownLayout, UnsupportedVersionError
 from outlines_maskcache.runtime import RUNTIME
+from outlines_maskcache.versions import is_tested
+
+log = logging.getLogger("outlines_maskcache")
+
+__all__ = ["Patch", "Target", "UnsupportedVersionError", "install", "installed_targets", "is_installed", "uninstall"]
 
 _MISSING = object()
-
-
-class UnsupportedVersionError(RuntimeError):
-    """Raised by ``install(strict=True)`` when a target cannot be patched."""
-
-
-@dataclass(frozen=True)
-class Patch:
-    owner: Any
-    name: str
-    replacement: Any
 
 
 @dataclass
 class _Applied:
     patch: Patch
     original: Any
-
-
-@dataclass(frozen=True)
-class Target:
-    #: short name reported by ``install()``
-    name: str
-    #: distribution(s) whose version decides; the first one installed counts
-    distributions: tuple[str, ...]
-    #: versions this target is written and tested for
-    supported: str
-    module: str
-    patches: Callable[[ModuleType], list[Patch]]
-    #: patched by ``import outlines_maskcache``; False for engines too heavy to
-    #: import eagerly (vLLM loads us itself through its plugin entry point)
-    automatic: bool = True
-    note: str = ""
-    _spec: SpecifierSet = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_spec", SpecifierSet(self.supported))
-
-    def installed(self) -> tuple[str, Version | None] | None:
-        """(distribution, version) of the first of ours that is installed; version None if unreadable."""
-        for dist in self.distributions:
-            try:
-                raw = importlib.metadata.version(dist)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-            try:
-                return dist, Version(raw)
-            except InvalidVersion:
-                return dist, None
-        return None
-
-    def installed_version(self) -> Version | None:
-        found = self.installed()
-        return found[1] if found else None
-
-    def supports(self, version: Version) -> bool:
-        # Local labels (+cpu) and dev builds of a supported release count.
-        return Version(version.base_version) in self._spec
 
 
 _lock = threading.RLock()
@@ -146,37 +96,52 @@ def _try_apply(target: Target, strict: bool, explicit: bool) -> None:
         return
     try:
         module = importlib.import_module(target.module)
-        patches = target.patches(module)
-    except Exception as err:  # noqa: BLE001 - a missing attribute means a layout we do not know
-        _complain(f"outlines_maskcache: cannot patch {target.name!r} on {target.distributions[0]} {version}: {err!r}", strict)
+        patches = target.patches_function()(module, version)
+    except Exception as err:  # noqa: BLE001 - a missing attribute or an UnknownLayout: a layout we do not know
+        why = str(err) if isinstance(err, UnknownLayout) else repr(err)
+        _complain(f"outlines_maskcache: cannot patch {target.name!r} on {target.distributions[0]} {version}: {why}", strict)
         return
-    applied = []
-    for patch in patches:
-        applied.append(_Applied(patch, patch.owner.__dict__.get(patch.name, _MISSING)))
-        setattr(patch.owner, patch.name, patch.replacement)
+    applied: list[_Applied] = []
+    try:
+        for patch in patches:
+            original = patch.owner.__dict__.get(patch.name, _MISSING)
+            setattr(patch.owner, patch.name, patch.replacement)
+            applied.append(_Applied(patch, original))
+    except Exception as err:  # noqa: BLE001 - a target is applied whole or not at all
+        _restore(applied)
+        _complain(f"outlines_maskcache: cannot patch {target.name!r}: {err!r}", strict)
+        return
     _applied[target.name] = applied
+    if not is_tested(target.name, version):
+        log.info("outlines_maskcache: %s %s is inside the range of target %r (%s) but not in the tested matrix "
+                 "(docs/versions.md)", target.distributions[0], version, target.name, target.supported)
 
 
 def uninstall() -> None:
     """Restore every patched attribute to the exact object it was before."""
     with _lock:
         for name in list(_applied):
-            for item in reversed(_applied.pop(name)):
-                owner, attr = item.patch.owner, item.patch.name
-                if owner.__dict__.get(attr, _MISSING) is not item.patch.replacement:
-                    warnings.warn(
-                        f"outlines_maskcache: {getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{attr} "
-                        "was re-patched by someone else; "
-                        "leaving it (our wrapper delegates to stock when uninstalled)",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
-                    continue
-                if item.original is _MISSING:
-                    delattr(owner, attr)
-                else:
-                    setattr(owner, attr, item.original)
+            _restore(_applied.pop(name))
         RUNTIME.installed = False
+
+
+def _restore(applied: list[_Applied]) -> None:
+    """Put back what each patch replaced, newest first."""
+    for item in reversed(applied):
+        owner, attr = item.patch.owner, item.patch.name
+        if owner.__dict__.get(attr, _MISSING) is not item.patch.replacement:
+            warnings.warn(
+                f"outlines_maskcache: {getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{attr} "
+                "was re-patched by someone else; "
+                "leaving it (our wrapper delegates to stock when uninstalled)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            continue
+        if item.original is _MISSING:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, item.original)
 
 
 def is_installed() -> bool:
@@ -186,4 +151,18 @@ def is_installed() -> bool:
 def installed_targets() -> list[str]:
     with _lock:
         return sorted(_applied)
+
+
+def original(owner: Any, name: str) -> Any:
+    """What *owner.name* was before our patch (the attribute itself when it is not patched).
+
+    For code of ours that needs stock's behaviour whatever is installed
+    (ahead-of-time compiles must name the very vocabulary stock converts).
+    """
+    with _lock:
+        for applied in _applied.values():
+            for item in applied:
+                if item.patch.owner is owner and item.patch.name == name and item.original is not _MISSING:
+                    return item.original
+    return owner.__dict__.get(name, getattr(owner, name))
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from outlines_maskcache import outlines_core_calls as core
+from outlines_maskcache.compiled import store_key
 from outlines_maskcache.fingerprint import is_content
 from outlines_maskcache.runtime import RUNTIME
 
@@ -60,8 +62,6 @@ class GrammarRows:
         self.lock = threading.Lock()
 
     def key(self) -> str:
-        from outlines_maskcache.compiled import store_key
-
         return store_key("masks", self.fingerprint, self.n_words)
 
 
@@ -220,10 +220,7 @@ class PersistedMasks:
             rows.lock = threading.Lock()
 
 
-PERSISTED = PersistedMasks()
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=PERSISTED.after_fork)
+PERSISTED = RUNTIME.own(PersistedMasks())
 
 
 def words_of(fingerprint: Any, guide: Any, n_words: int, state: int | None = None) -> np.ndarray:
@@ -252,9 +249,7 @@ def words_of(fingerprint: Any, guide: Any, n_words: int, state: int | None = Non
 
 
 def write_words(guide: Any, n_words: int) -> np.ndarray:
-    # The very call stock makes, into a row shaped as stock's.
-    row = np.empty(n_words, dtype=np.int32)
-    guide.write_mask_into(row.ctypes.data, n_words, row.itemsize)
-    row.setflags(write=False)
+    """Stock's own bitmask write for the guide's state, counted."""
+    row = core.write_words(guide, n_words)
     RUNTIME.cache.count("mask_writes")
     return row

@@ -1,9 +1,13 @@
-"""Process-wide state: settings, the mask cache, grammar fingerprints, memos and the on/off switch.
+"""Process-wide state: settings, the mask cache, grammar fingerprints, memos, the store and the on/off switch.
 
-One :class:`Runtime` per process.  Nothing here survives ``fork`` as shared
-state: a child gets a copy (CPU rows are plain memory, CUDA tensors are never
-valid across processes), and :func:`_after_fork` empties the copy's CUDA
-entries so a child never serves a parent's device tensor.
+One :class:`Runtime` per process owns all of it.  Other modules that keep
+per-process state (persisted mask rows, an engine's bitmask plans) hand
+their object to :meth:`Runtime.own`, so one ``clear()``, one
+``reset_stats()`` and one fork hook reach everything.  Nothing here
+survives ``fork`` as shared state: a child gets a copy (CPU rows are plain
+memory, CUDA tensors are never valid across processes), and the fork hook
+empties the copy's CUDA entries so a child never serves a parent's device
+tensor, and re-makes every lock a parent thread may have held.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import contextvars
 import logging
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, TypeVar
 
 from outlines_maskcache.cache import MaskCache
 from outlines_maskcache.config import Settings, settings_from_env
@@ -21,6 +25,19 @@ from outlines_maskcache.fingerprint import Fingerprint, Memo, Registry
 from outlines_maskcache.store import Store, StoreError, default_root
 
 log = logging.getLogger("outlines_maskcache")
+
+P = TypeVar("P")
+
+
+class Part(Protocol):
+    """What an owned object may offer (each method is optional)."""
+
+    def clear(self) -> None: ...
+
+    def after_fork(self) -> None: ...
+
+    def reset_counters(self) -> None: ...
+
 
 _disabled: contextvars.ContextVar[int] = contextvars.ContextVar("outlines_maskcache_disabled", default=0)
 
@@ -39,6 +56,19 @@ class Runtime:
         self._log_lock = threading.Lock()
         #: (settings it was made for, the store or None); rebuilt when they change
         self._store: tuple[tuple, Store | None] = ((), None)
+        #: other per-process state, reached by clear(), reset_stats() and the fork hook
+        self._parts: list[Any] = []
+
+    def own(self, part: P) -> P:
+        """Adopt *part* (see :class:`Part`) so that ``clear``, ``reset_stats`` and the fork hook reach it."""
+        self._parts.append(part)
+        return part
+
+    def _each(self, method: str) -> None:
+        for part in self._parts:
+            call = getattr(part, method, None)
+            if call is not None:
+                call()
 
     def active(self) -> bool:
         return self.installed and not _disabled.get()
@@ -73,6 +103,8 @@ class Runtime:
         return settings
 
     def clear(self) -> None:
+        """Drop every cached mask, memo and owned part's contents (counters and the store's files are kept)."""
+        self._each("clear")
         self.cache.clear()
         self.grammar_memo.clear()
         self.vocabulary_memo.clear()
@@ -109,6 +141,7 @@ class Runtime:
         store = self._store[1]
         if store is not None:
             store.reset_counters()
+        self._each("reset_counters")
 
     def _after_fork(self) -> None:
         # Locks may have been held by another thread at fork time.
@@ -118,6 +151,7 @@ class Runtime:
         if self._store[1] is not None:
             self._store[1].after_fork()
         self.cache.drop_devices(lambda device: not str(device).startswith("cpu"))
+        self._each("after_fork")
 
 
 RUNTIME = Runtime(settings_from_env())

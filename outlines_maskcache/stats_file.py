@@ -1,4 +1,4 @@
-"""Engine processes: their plugin entry point, and the stats file they write (vLLM's EngineCore, SGLang's scheduler).
+"""The stats file engine processes write (vLLM's EngineCore, SGLang's scheduler); their entry points are in :mod:`outlines_maskcache.plugins`.
 
 Serving engines fill masks in a process the user never holds, where
 ``outlines_maskcache.stats()`` cannot be called.  With
@@ -63,30 +63,3 @@ def register_at_exit() -> None:
         return
     _state["registered"] = True
     atexit.register(write_safely)
-
-
-def engine_plugin(target: str, engine: str) -> bool:
-    """Body of an engine's plugin entry point: install *target* in this process, failing soft.
-
-    Engines (vLLM, SGLang) call their plugins in every process they start;
-    the engine must start even with a layout we do not know, so every
-    problem is a log line and the engine runs stock.  Returns whether the
-    target is patched.
-    """
-    from outlines_maskcache.config import enabled_from_env
-
-    if not enabled_from_env():
-        log.info("outlines_maskcache: OUTLINES_MASKCACHE is off; %s runs stock", engine)
-        return False
-    try:
-        from outlines_maskcache.patching import install
-
-        installed = install(targets=[target])
-    except Exception as err:  # noqa: BLE001 - an unknown layout must not stop the engine
-        log.warning("outlines_maskcache: not patching %s (%s: %s); it runs stock", engine, type(err).__name__, err)
-        return False
-    if target not in installed:
-        return False
-    register_at_exit()
-    log.info("outlines_maskcache: %s patched in pid %d", engine, os.getpid())
-    return True

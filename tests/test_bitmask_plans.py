@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from outlines_maskcache.bitmask_plans import Applied, BitmaskApplier
+from outlines_maskcache.kernels.bitmask_plans import Applied, BitmaskApplier
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -325,7 +325,7 @@ def test_equals_xgrammar_cpu_kernel(case):
 
 def test_counts_without_numpy_bitwise_count(monkeypatch):
     """numpy < 2 has no bitwise_count: the unpacking fallback counts the same."""
-    from outlines_maskcache import bitmask_plans
+    from outlines_maskcache.kernels import bitmask_plans
 
     bits = _bitmask(np.random.default_rng(3), 3, 40, [0.01, 0.5, 1.0]).numpy()
     expected = bitmask_plans._set_bits(bits).tolist()

@@ -14,8 +14,8 @@ import torch
 from pydantic import BaseModel
 
 import outlines_maskcache as mc
-from material import gpt2_tokenizer, llama3_tokenizer, tiny_model
-from versions import requires_outlines_core_backend
+from support.material import gpt2_tokenizer, llama3_tokenizer, tiny_model
+from support.versions import requires_outlines_core_backend
 
 pytestmark = [requires_outlines_core_backend, pytest.mark.e2e]
 
@@ -113,10 +113,13 @@ def test_tokenizer_changed_in_place_is_not_served_a_stale_vocabulary():
     tok = gpt2_tokenizer()
     model = outlines.from_transformers(tiny_model(tok), tok)
     first = OutlinesCoreBackend(model)
-    assert OutlinesCoreBackend(model).vocabulary is first.vocabulary  # memo hit
+    hits = mc.stats()["vocabulary_memo"]["hits"]
+    again = OutlinesCoreBackend(model)
+    assert mc.stats()["vocabulary_memo"]["hits"] == hits + 1  # memo hit...
+    assert again.vocabulary is not first.vocabulary and again.vocabulary == first.vocabulary  # ...each its own copy
     tok.add_tokens(["<maskcache-test-token>"])
     second = OutlinesCoreBackend(model)
-    assert second.vocabulary is not first.vocabulary
+    assert mc.stats()["vocabulary_memo"]["hits"] == hits + 1 and second.vocabulary != first.vocabulary
     with mc.disabled():
         stock = OutlinesCoreBackend(model)
     new_id = tok.convert_tokens_to_ids("<maskcache-test-token>")

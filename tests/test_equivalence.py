@@ -17,10 +17,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import outlines_maskcache as mc
-from drivers import Lockstep, assert_bit_identical, numpy_blocked_below, random_logits, walk
-from material import gpt2_tokenizer, llama3_tokenizer
-from strategies import regexes, vocabularies
-from versions import requires_outlines_core_backend
+from support.drivers import Lockstep, assert_bit_identical, numpy_blocked_below, random_logits, walk
+from support.material import gpt2_tokenizer, llama3_tokenizer
+from support.strategies import regexes, vocabularies
+from support.versions import requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
 

@@ -90,7 +90,7 @@ EXPLOSIVE_SCHEMA = json.dumps({"type": "object", "properties": {
 
 
 def test_schema_regex_is_built_in_the_worker_as_in_process():
-    from outlines_maskcache.guard import schema_regex
+    from outlines_maskcache.outlines_core_calls import schema_regex
 
     worker = Worker(max_bytes=1 << 30)
     try:
@@ -123,7 +123,7 @@ def test_a_schema_whose_regex_exhausts_memory_fails_alone(tmp_path):
 # -- through outlines ------------------------------------------------------------
 
 outlines_core_backend = pytest.importorskip("outlines.backends.outlines_core", reason="outlines >= 1.2 backend")
-from material import gpt2_tokenizer  # noqa: E402
+from support.material import gpt2_tokenizer  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
 
@@ -199,7 +199,7 @@ def test_inline_guard_covers_the_schema_to_regex_conversion(model):
     """A server with the guard on survives a schema whose conversion alone exhausts memory."""
     import resource
 
-    from outlines_maskcache.guard import schema_regex
+    from outlines_maskcache.outlines_core_calls import schema_regex
 
     mc.configure(store=False, compile_timeout=120, compile_max_bytes=512 << 20)
     backend = outlines_core_backend.OutlinesCoreBackend(model)

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 import outlines_maskcache as mc
-from drivers import assert_bit_identical, random_logits
-from material import gpt2_tokenizer, tiny_model
-from strategies import regexes, vocabularies
-from versions import requires_guide_processor, tensor_adapter_layout
+from support.drivers import assert_bit_identical, random_logits
+from support.material import gpt2_tokenizer, tiny_model
+from support.strategies import regexes, vocabularies
+from support.versions import requires_guide_processor, tensor_adapter_layout
 
 pytestmark = requires_guide_processor
 

@@ -13,9 +13,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import outlines_maskcache as mc
-from drivers import assert_bit_identical, random_logits
-from strategies import regexes, vocabularies
-from versions import requires_outlines_core_backend
+from support.drivers import assert_bit_identical, random_logits
+from support.strategies import regexes, vocabularies
+from support.versions import requires_outlines_core_backend
 
 mx = pytest.importorskip("mlx.core", reason="mlx (pip install 'mlx[cpu]') is not installed")
 pytestmark = requires_outlines_core_backend

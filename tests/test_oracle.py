@@ -15,8 +15,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 import outlines_maskcache as mc
-from strategies import regexes, vocabularies
-from versions import requires_outlines_core_backend
+from support.strategies import regexes, vocabularies
+from support.versions import requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
 
@@ -132,7 +132,7 @@ def test_upstream_final_state_gap_is_reproduced_not_fixed():
     Found by the oracle above; documented in docs/design.md.  Stock and cached agree.
     """
     from outlines_core import Index, Vocabulary
-    from drivers import Lockstep
+    from support.drivers import Lockstep
 
     index = Index("(aa)*", Vocabulary(9, {"a": [0]}))
     pair = Lockstep(index)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outlines_maskcache.quiet_guide import QuietGuide
+from outlines_maskcache.targets.vllm.quiet_guide import QuietGuide
 
 
 class Spy:

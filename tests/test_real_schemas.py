@@ -22,9 +22,9 @@ import pytest
 
 import outlines_maskcache as mc
 from conftest import nightly
-from drivers import walk
-from material import gpt2_tokenizer
-from versions import requires_outlines_core_backend
+from support.drivers import walk
+from support.material import gpt2_tokenizer
+from support.versions import requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
 

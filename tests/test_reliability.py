@@ -20,8 +20,8 @@ import torch
 
 import outlines_maskcache as mc
 from conftest import nightly
-from drivers import Lockstep, assert_bit_identical, walk
-from versions import requires_outlines_core_backend
+from support.drivers import Lockstep, assert_bit_identical, walk
+from support.versions import requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
 
@@ -239,7 +239,7 @@ def test_numpy_rows_of_every_kind_compare_by_mask_and_check_their_width():
     from outlines_maskcache.kernels import BlockedIds
     from outlines_maskcache.kernels.numpy import KERNEL
 
-    from drivers import numpy_blocked_below
+    from support.drivers import numpy_blocked_below
 
     logits = np.zeros((1, 8), np.float32)
     allowed = np.array([True] * 6 + [False, False])

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 import outlines_maskcache as mc
-from drivers import Lockstep, assert_bit_identical, random_logits
-from versions import requires_outlines_core_backend
+from support.drivers import Lockstep, assert_bit_identical, random_logits
+from support.versions import requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
 

@@ -464,7 +464,7 @@ _CHILD = textwrap.dedent("""
     import outlines
     from outlines.backends.outlines_core import OutlinesCoreBackend
     sys.path.insert(0, sys.argv[3])
-    from material import gpt2_tokenizer, tiny_model
+    from support.material import gpt2_tokenizer, tiny_model
     mc.configure(store=sys.argv[1])
     tok = gpt2_tokenizer()
     model = outlines.from_transformers(tiny_model(tok), tok)
@@ -534,8 +534,8 @@ def test_concurrent_processes_fill_one_store(tmp_path):
 from hypothesis import assume, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from drivers import walk  # noqa: E402
-from strategies import regexes, vocabularies  # noqa: E402
+from support.drivers import walk  # noqa: E402
+from support.strategies import regexes, vocabularies  # noqa: E402
 
 
 @given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 6),
@@ -568,7 +568,7 @@ def test_stored_grammars_and_persisted_masks_equal_stock(regex, vocab, seed, bat
         before = mc.stats()["store"]["hits"]
         loaded = from_store()
         assert mc.stats()["store"]["hits"] == before + 1, "the Index must come from the store"
-        from drivers import Lockstep
+        from support.drivers import Lockstep
 
         walk(fresh, eos, np.random.default_rng(seed), batch=batch, steps=10, width=n_ids + extra,
              lockstep=Lockstep(fresh, cached_index=loaded))

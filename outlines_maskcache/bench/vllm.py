@@ -99,9 +99,7 @@ def _set_variant(variant: str) -> None:
         mc.uninstall()
         return
     plugin = variant.startswith("plugin")
-    for switch in ("OUTLINES_MASKCACHE_QUIET_ADVANCE", "OUTLINES_MASKCACHE_SPARSE_APPLY"):
-        os.environ[switch] = "1" if plugin else "0"
-    os.environ["OUTLINES_MASKCACHE_DENSE_APPLY"] = "1" if variant == "plugin" else "0"
+    mc.configure(quiet_advance=plugin, plan_sparse_rows=plugin, plan_dense_rows=variant == "plugin")
     mc.install(targets=["vllm-v1"])
 
 

@@ -8,7 +8,7 @@ where stock's bitmask layout (bit ``t % 32`` of word ``t // 32``) is decoded.
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Protocol, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 
@@ -143,3 +143,27 @@ def kernel_for(logits: Any) -> Kernel | None:
         from outlines_maskcache.kernels.mlx import KERNEL as MLX_KERNEL
         return MLX_KERNEL
     return None
+
+
+def nbytes_of(row: Any) -> int:
+    """Bytes a cached row holds, for a numpy array or a torch tensor."""
+    return int(row.nbytes) if hasattr(row, "nbytes") else int(row.numel() * row.element_size())
+
+
+def write_or_restore(write: Callable[[], None], restore: Callable[[], None]) -> None:
+    """Run *write*, which may clobber logits it must keep; on failure *restore* them and re-raise.
+
+    The one moment a row is wrong is between a fill and its put-back.  If
+    *write* fails there, *restore* puts every kept value back (which leaves
+    only ``-inf`` where the mask blocks, so a stock fallback still sees the
+    real logits); if that fails too, :class:`LogitsLost` stops the fallback
+    from masking logits whose values are gone.
+    """
+    try:
+        write()
+    except Exception as err:
+        try:
+            restore()
+        except Exception as again:
+            raise LogitsLost(f"could not restore the logits after {err!r}") from again
+        raise

@@ -24,13 +24,14 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from outlines_maskcache.kernels import BlockedIds, LogitsLost, allowed_from_ids, blocks_few, bound_row, is_sparse
+from outlines_maskcache.row_forms import NUMPY_BLOCKED_BELOW
 
 
 class NumpyKernel:
     name = "numpy"
     #: states blocking at most this fraction of the vocabulary are kept as :class:`BlockedIds`
     #: (the scatter stays cheaper than a strided minimum up to ~30% blocked)
-    blocked_below = 0.25
+    blocked_below = NUMPY_BLOCKED_BELOW
 
     def placement(self, logits: np.ndarray, form: str) -> tuple[Hashable, Hashable, str]:
         return "cpu", logits.dtype.str, "bound" if form == "auto" else form

@@ -33,7 +33,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import torch
 
-from outlines_maskcache.kernels import LogitsLost, bound_row, is_sparse
+from outlines_maskcache.kernels import LogitsLost, bound_row, is_sparse, write_or_restore
 
 _INF = float("inf")
 
@@ -142,7 +142,7 @@ def _apply_with_sparse(logits: torch.Tensor, rows: Sequence[torch.Tensor], spars
     if len(sparse) < len(rows):
         dense = [i for i in range(len(rows)) if rows[i].dtype is not _IDS]
         _apply_rows([views[i] for i in dense], [rows[i] for i in dense], form, nan_guard)
-    try:
+    def write() -> None:
         if len(sparse) == len(rows):
             logits.fill_(-_INF)
         else:
@@ -150,13 +150,12 @@ def _apply_with_sparse(logits: torch.Tensor, rows: Sequence[torch.Tensor], spars
                 views[i].fill_(-_INF)
         for i, values in zip(sparse, kept):
             views[i].index_copy_(0, rows[i], values)
-    except Exception as err:
-        try:
-            for i, values in zip(sparse, kept):
-                views[i][rows[i]] = values
-        except Exception as again:
-            raise LogitsLost(f"could not restore allowed logits after {err!r}") from again
-        raise
+
+    def restore() -> None:  # a second route: advanced-index assignment
+        for i, values in zip(sparse, kept):
+            views[i][rows[i]] = values
+
+    write_or_restore(write, restore)
     return logits
 
 

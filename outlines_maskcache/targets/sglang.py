@@ -17,7 +17,7 @@ which the ``guide-processor`` target memoizes in memory and whose
 ``create_states_mapping`` outlines itself caches on disk, so this target
 adds no store of its own.
 
-Loaded through SGLang's ``sglang.srt.plugins`` entry point (SGLang >= 0.5.11
+Loaded through SGLang's ``sglang.srt.plugins`` entry point (:func:`outlines_maskcache.plugins.sglang`) (SGLang >= 0.5.11
 calls it in every process it starts, the scheduler included; honour
 ``SGLANG_PLUGINS`` if set).  Older SGLang starts its scheduler with no
 plugin hook; they are not supported (see docs/versions.md).  Stats reach the
@@ -29,26 +29,25 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from packaging.version import Version
+
 from outlines_maskcache import stats_file
-from outlines_maskcache.masking import cached_or_stock, cached_value
-from outlines_maskcache.patching import Patch
+from outlines_maskcache.contract import Patch
+from outlines_maskcache.gate import cached_or_stock, when_active
+from outlines_maskcache.kernels import nbytes_of
+from outlines_maskcache.outlines_core_calls import allowed_by_state
+from outlines_maskcache.rows import cached_value
 from outlines_maskcache.runtime import RUNTIME
-from outlines_maskcache.targets.guide_processor import allowed_by_state
-
-TARGET = "sglang"
 
 
-def _row_bytes(row: Any) -> int:
-    return int(row.numel() * row.element_size())
-
-
-def patches(module: ModuleType) -> list[Patch]:
+def patches(module: ModuleType, version: Version) -> list[Patch]:
     grammar_cls = module.OutlinesGrammar
     stock_fill = grammar_cls.__dict__["fill_vocab_mask"]
 
+    @when_active(stock_fill)
     def fill_vocab_mask(self: Any, vocab_mask: Any, idx: int) -> None:
         guide = self.guide
-        if not RUNTIME.active() or not allowed_by_state(guide) or getattr(vocab_mask, "dim", lambda: 0)() != 2:
+        if not allowed_by_state(guide) or getattr(vocab_mask, "dim", lambda: 0)() != 2:
             return stock_fill(self, vocab_mask, idx)
         stats_file.filled()
 
@@ -63,7 +62,7 @@ def patches(module: ModuleType) -> list[Patch]:
                 return scratch[0]
 
             key = (RUNTIME.fingerprint(guide), str(device), self.state, width, str(vocab_mask.dtype), "sglang-row")
-            row = cached_value(key, build, _row_bytes, _equal)
+            row = cached_value(key, build, nbytes_of, _equal)
             vocab_mask[idx].copy_(row, non_blocking=True)
 
         # A fault before the copy leaves the row as it was; stock then overwrites it whole.
@@ -76,13 +75,3 @@ def _equal(a: Any, b: Any) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
-
-
-def plugin() -> None:
-    """SGLang's ``sglang.srt.plugins`` entry point: patch the outlines grammar backend of this process.
-
-    Fails soft: SGLang must start even with a layout we do not know (or
-    without outlines installed), so every problem is a log line and SGLang
-    runs stock.
-    """
-    stats_file.engine_plugin(TARGET, "SGLang")

@@ -25,8 +25,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 import outlines_maskcache as mc
-from material import smollm2_gguf
-from versions import requires_outlines_core_backend
+from support.material import smollm2_gguf
+from support.versions import requires_outlines_core_backend
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (see .ci/lanes/30-llamacpp.sh)")
 GGUF = smollm2_gguf()
@@ -208,7 +208,7 @@ def test_sampler_hook_writes_what_stock_writes(model):
 
 def test_sampler_hook_falls_back_to_stock_on_an_unknown_closure(model, caplog):
     """A closure with stock's name but another shape runs unchanged, with one warning."""
-    from outlines_maskcache.targets import llamacpp_sampler
+    from outlines_maskcache.targets import llamacpp as llamacpp_sampler
 
     def apply_func(token_data_array):
         return token_data_array

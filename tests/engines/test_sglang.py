@@ -26,8 +26,8 @@ import pytest
 import torch
 
 import outlines_maskcache as mc
-from engine_plugins import assert_plugin_respects_master_switch
-from material import gpt2_tokenizer
+from support.engine_plugins import assert_plugin_respects_master_switch
+from support.material import gpt2_tokenizer
 
 pytest.importorskip("sglang", reason="sglang is not installed (see .ci/lanes/50-sglang.sh)")
 outlines_backend = pytest.importorskip("sglang.srt.constrained.outlines_backend")
@@ -100,7 +100,7 @@ def drive(backend, grammars, width: int, steps: int, seed: int) -> int:
 
 def test_plugin_entry_point_is_declared():
     points = importlib.metadata.entry_points(group="sglang.srt.plugins")
-    assert any(p.value == "outlines_maskcache.targets.sglang:plugin" for p in points)
+    assert any(p.value == "outlines_maskcache.plugins:sglang" for p in points)
 
 
 def test_shared_grammar_rows_in_different_states_equal_sglang(backend, tokenizer):
@@ -162,9 +162,9 @@ def test_fault_falls_back_to_sglang(backend, tokenizer, monkeypatch):
 
 
 def test_plugin_respects_master_switch(monkeypatch):
-    from outlines_maskcache.targets import sglang as adapter
+    from outlines_maskcache import plugins
 
-    assert_plugin_respects_master_switch(monkeypatch, adapter.plugin, "sglang")
+    assert_plugin_respects_master_switch(monkeypatch, plugins.sglang, "sglang")
 
 
 _CHILD = textwrap.dedent("""
@@ -173,7 +173,7 @@ _CHILD = textwrap.dedent("""
     from sglang.srt.plugins import load_plugins
     load_plugins()  # what run_scheduler_process does first
     import outlines_maskcache as mc
-    from material import gpt2_tokenizer
+    from support.material import gpt2_tokenizer
     from sglang.srt.constrained.outlines_backend import OutlinesGrammarBackend
     tok = gpt2_tokenizer()
     backend = OutlinesGrammarBackend(tok, whitespace_pattern=None)

@@ -31,8 +31,8 @@ from types import SimpleNamespace
 import pytest
 
 import outlines_maskcache as mc
-from engine_plugins import assert_plugin_respects_master_switch
-from material import gpt2_tokenizer, tiny_model
+from support.engine_plugins import assert_plugin_respects_master_switch
+from support.material import gpt2_tokenizer, tiny_model
 from outlines_maskcache.kernels import allowed_from_words
 
 pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/lanes/40-vllm.sh)")
@@ -88,7 +88,7 @@ def _walk(backend, request_type, spec: str, seed: int, steps: int = 40, bitmask=
 
 def test_plugin_entry_point_is_declared():
     points = importlib.metadata.entry_points(group="vllm.general_plugins")
-    assert any(p.value == "outlines_maskcache.targets.vllm_v1:plugin" for p in points)
+    assert any(p.value == "outlines_maskcache.plugins:vllm" for p in points)
 
 
 @pytest.mark.parametrize("request_type,kind", SPECS)
@@ -105,7 +105,7 @@ def test_rows_equal_stock_and_repeat_requests_hit(backend, request_type, kind):
 @pytest.mark.parametrize("request_type,kind", SPECS)
 def test_quiet_guide_walks_like_stock(backend, request_type, kind):
     """accept_tokens, validate_tokens (advance + rollback), rollback and EOS: the same states as stock's guide."""
-    from outlines_maskcache.quiet_guide import QuietGuide
+    from outlines_maskcache.targets.vllm.quiet_guide import QuietGuide
 
     spec = _spec(kind)
     quiet = backend.compile_grammar(request_type, spec)
@@ -167,7 +167,7 @@ def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
     import torch
     from vllm.v1.structured_output import utils
 
-    from outlines_maskcache.targets import vllm_v1
+    from outlines_maskcache.targets.vllm import apply as vllm_v1
 
     stand_in = utils.xgr
     assert isinstance(stand_in, vllm_v1.XgrammarStandIn)
@@ -224,20 +224,20 @@ def test_grammar_compiled_while_disabled_stays_stock(backend):
 
 
 def test_plugin_fails_soft_on_unknown_layout(monkeypatch, caplog):
-    from outlines_maskcache.targets import vllm_v1
+    from outlines_maskcache import plugins
 
     mc.uninstall()
     monkeypatch.delattr(backend_outlines, "OutlinesGrammar")
     with caplog.at_level(logging.WARNING, logger="outlines_maskcache"):
-        vllm_v1.plugin()
+        plugins.vllm()
     assert "vllm-v1" not in mc.installed_targets()
     assert any("not patching vLLM" in r.getMessage() for r in caplog.records)
 
 
 def test_plugin_respects_master_switch(monkeypatch):
-    from outlines_maskcache.targets import vllm_v1
+    from outlines_maskcache import plugins
 
-    assert_plugin_respects_master_switch(monkeypatch, vllm_v1.plugin, "vllm-v1")
+    assert_plugin_respects_master_switch(monkeypatch, plugins.vllm, "vllm-v1")
 
 
 # -- offline LLM.generate, EngineCore in a child process ----------------------

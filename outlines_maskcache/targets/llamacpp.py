@@ -38,8 +38,10 @@ from types import ModuleType
 from typing import Any, Callable
 
 import numpy as np
+from packaging.version import Version
 
-from outlines_maskcache.patching import Patch
+from outlines_maskcache.contract import Patch, UnknownLayout
+from outlines_maskcache.gate import when_active
 from outlines_maskcache.runtime import RUNTIME
 
 #: ``Llama._init_sampler``'s closure, as llama-cpp-python 0.3.x writes it
@@ -67,7 +69,7 @@ def _outlines_processor_type() -> type | None:
     return OutlinesLogitsProcessor
 
 
-def patches(module: ModuleType) -> list[Patch]:
+def patches(module: ModuleType, version: Version) -> list[Patch]:
     import llama_cpp
 
     sampler_cls = module.LlamaSampler
@@ -76,7 +78,7 @@ def patches(module: ModuleType) -> list[Patch]:
     # The view below must address exactly the bytes stock's recarray does.
     stride, offset = ctypes.sizeof(record), record.logit.offset
     if (stride, offset) != (STOCK_DTYPE.itemsize, STOCK_DTYPE.fields["logit"][1]) or record.logit.size != 4:
-        raise TypeError(f"llama_token_data layout {stride=} {offset=} differs from the record stock views")
+        raise UnknownLayout(f"llama_token_data layout {stride=} {offset=} differs from the record stock views")
 
     def faster(stock_apply: Callable[[Any], None], ours: type) -> Callable[[Any], None]:
         cells = dict(zip(stock_apply.__code__.co_freevars, stock_apply.__closure__))
@@ -108,10 +110,11 @@ def patches(module: ModuleType) -> list[Patch]:
         apply_func.__wrapped__ = stock_apply  # type: ignore[attr-defined]
         return apply_func
 
+    @when_active(stock_add)
     def add_custom(self: Any, apply_func: Callable[[Any], None]) -> Any:
         # Anything but llama's own closure passes straight through, before any lookup.
         ours = _outlines_processor_type() if getattr(apply_func, "__qualname__", None) == QUALNAME else None
-        if ours is not None and RUNTIME.active():
+        if ours is not None:
             if _is_stock_apply(apply_func):
                 RUNTIME.cache.count("sampler_hooks")
                 apply_func = faster(apply_func, ours)

@@ -7,10 +7,10 @@ at a time, on one thread, holding the GIL.  Two kinds of row do better
 with a plan made once per row content (measured on this project's machine,
 B = 32, 128k, fresh logits from a matmul):
 
-* a **sparse** row (allows at most 1/``SPARSE_SHARE`` of the vocabulary:
+* a **sparse** row (allows at most ``PLAN_SPARSE_BELOW`` of the vocabulary:
   the kernel pays ~500 us for one allowing 1,000 tokens): keep the allowed
   logits, fill the row with ``-inf`` (a memset), put them back, ~40-60 us;
-* a **dense** row (blocks at most 1/``DENSE_SHARE``: free text inside a
+* a **dense** row (blocks at most ``PLAN_DENSE_BELOW``: free text inside a
   JSON string, ~5,000 of 128k blocked, ~40 us a row in the kernel): when
   most of the batch sits in such states, the largest group's blocked ids
   are written down every row of the logits at once
@@ -55,12 +55,8 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-#: a row is planned sparse when it allows at most 1/SPARSE_SHARE of the vocabulary: past
-#: that, copying the allowed logits out and back costs more than the kernel's writes
-SPARSE_SHARE = 4
-#: a hinted row is planned dense when it blocks at most 1/DENSE_SHARE of the vocabulary:
-#: past that its id list (8 bytes a blocked token) outweighs the kernel's bit reads
-DENSE_SHARE = 8
+from outlines_maskcache.row_forms import plan_kind
+
 #: words per row read to estimate how many tokens it allows
 SAMPLED_WORDS = 64
 #: bytes of plans (keys and ids) kept before the least recently used is dropped
@@ -163,7 +159,7 @@ class BitmaskApplier:
             whole = words == bits.shape[1] and unplanned == list(range(bits.shape[0]))
             estimates = _allowed_estimates(bits if whole else bits[unplanned, :words], n)
             for r, count in zip(unplanned, estimates):
-                if _kind(count, n) == _SPARSE:
+                if plan_kind(count, n) == _SPARSE:
                     plans[r] = self._content_plan(bits[r, :words], n)
         sparse = [(r, p.ids) for r, p in plans.items() if p.kind == _SPARSE]
         sparse_rows = {r for r, _ in sparse}
@@ -183,7 +179,7 @@ class BitmaskApplier:
         Exact count over the whole row, for callers that check a row once
         and remember; :meth:`apply` classifies again for its vocab_size.
         """
-        return _kind(int(_set_bits(row_bits)), 32 * row_bits.shape[-1]) != _KERNEL
+        return plan_kind(int(_set_bits(row_bits)), 32 * row_bits.shape[-1]) != _KERNEL
 
     def _hinted_plans(self, bits: np.ndarray, wanted: list[int], words: int, n: int,
                       expected: Sequence[np.ndarray]) -> dict[int, _Plan]:
@@ -227,7 +223,7 @@ class BitmaskApplier:
         import torch
 
         allowed = np.unpackbits(np.frombuffer(content, dtype=np.uint8), bitorder="little")[:n].astype(bool)
-        kind = _kind(int(allowed.sum()), n)
+        kind = plan_kind(int(allowed.sum()), n)
         ids = (np.flatnonzero(allowed) if kind == _SPARSE
                else np.flatnonzero(~allowed) if kind == _DENSE else None)
         plan = _Plan(kind, None if ids is None else torch.from_numpy(ids.astype(np.int64)), source, content)
@@ -288,13 +284,6 @@ class BitmaskApplier:
 def _size(key: tuple, plan: _Plan) -> int:
     ids = 0 if plan.ids is None else plan.ids.numel() * 8
     return (len(key[2]) if key[0] == "bytes" else int(plan.source.nbytes) + len(plan.content)) + ids
-
-
-def _kind(allowed: int, n: int) -> str:
-    """How a row allowing ``allowed`` of ``n`` tokens is applied: sparse, dense or by the kernel."""
-    if allowed * SPARSE_SHARE <= n:
-        return _SPARSE
-    return _DENSE if (n - allowed) * DENSE_SHARE <= n else _KERNEL
 
 
 def _group_by_ids(pairs: Iterable[tuple[int, Any]]) -> list[tuple[Any, list[int]]]:
@@ -404,12 +393,13 @@ def _write_in_place(logits: Any, view: Any, route: _Route | None, sparse: list[t
     """
     import torch
 
-    from outlines_maskcache.kernels import LogitsLost
+    from outlines_maskcache.kernels import write_or_restore
 
     neg = float("-inf")
     kept_sparse = [(rows, ids, _pick(view, rows, ids)) for ids, rows in _group_by_ids(sparse)]
     kept_route = [(rows, ids, _pick(logits, rows, ids)) for rows, ids in route.restore] if route else []
-    try:
+
+    def write() -> None:
         if route is not None:
             logits.t().index_fill_(0, route.ids, neg)
             for rows, ids, values in kept_route:
@@ -423,17 +413,14 @@ def _write_in_place(logits: Any, view: Any, route: _Route | None, sparse: list[t
             else:
                 view.index_fill_(0, torch.tensor(rows, dtype=torch.int64), neg)
             _put(view, rows, ids, values)
-    except Exception as err:
-        try:
-            for rows, ids, values in kept_route:
+
+    def restore() -> None:  # row by row: the simplest ops that can put the values back
+        for target, kept in ((logits, kept_route), (view, kept_sparse)):
+            for rows, ids, values in kept:
                 for i, r in enumerate(rows):
-                    logits[r].index_copy_(0, ids, values if values.dim() == 1 else values[i])
-            for rows, ids, values in kept_sparse:
-                for i, r in enumerate(rows):
-                    view[r].index_copy_(0, ids, values if values.dim() == 1 else values[i])
-        except Exception as again:
-            raise LogitsLost(f"could not restore the logits after {err!r}") from again
-        raise
+                    target[r].index_copy_(0, ids, values if values.dim() == 1 else values[i])
+
+    write_or_restore(write, restore)
 
 
 def _allowed_estimates(bits: np.ndarray, n: int) -> list[int]:

@@ -1,27 +1,25 @@
-"""The per-step algorithm every adapter shares: states in, masked logits out.
+"""Masking a logits processor's batch, step after step, with cached per-state rows.
 
 An adapter knows how to read each row's FSM state and how to write the stock
-allowed-token vector for a row; this module does the rest (cache keys,
+allowed-token vector for a row; a :class:`Masker` does the rest (cache keys,
 lookups, validation, verification, application) so no adapter repeats it.
 
-A :class:`Masker` lives on one logits processor for its whole life.  It keeps
-what is the same from one decoding step to the next (the kernel and the
-key's placement for the logits' device, dtype and width; which rows it
-already validated; the kernel's scratch buffers), so a warm step costs one
-lock round-trip, a dict lookup per distinct state and the tensor work.
+A masker lives on one logits processor for its whole life.  It keeps what
+is the same from one decoding step to the next (the kernel and the key's
+placement for the logits' device, dtype and width; which rows it already
+validated; the kernel's scratch buffers), so a warm step costs one lock
+round-trip, a dict lookup per distinct state and the tensor work.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from outlines_maskcache.kernels import Kernel, LogitsLost, kernel_for
-from outlines_maskcache.persisted_masks import words_of
+from outlines_maskcache.gate import verify_served
+from outlines_maskcache.kernels import Kernel, kernel_for
 from outlines_maskcache.runtime import RUNTIME
-
-T = TypeVar("T")
 
 #: attribute under which a processor carries its :class:`Masker`
 ATTRIBUTE = "_outlines_maskcache"
@@ -113,38 +111,6 @@ class Masker:
         self._signature = signature
 
 
-def cached_value(key: tuple, build: Callable[[], T], nbytes: Callable[[T], int], equal: Callable[[Any, Any], bool]) -> T:
-    """The cache's value for *key* (built by the engine's own code on a miss); checked against a rebuild with ``verify=True``.
-
-    For adapters whose engine fills a whole mask row itself (vLLM's bitmask,
-    SGLang's bool mask): the row is the engine's own output for the state,
-    so serving it again is exact.
-    """
-    value = RUNTIME.cache.get_or_build(key, build, nbytes)
-    if RUNTIME.settings.verify:
-        verify_served(key, value, build(), equal)
-    return value
-
-
-def bitmask_row(fingerprint: Any, guide: Any, n_words: int) -> np.ndarray:
-    """The int32 bitmask row of *guide*'s current state: cached, or written by stock's call and cached.
-
-    The row engines fill with ``Guide.write_mask_into`` (vLLM's bitmask,
-    MaskBench's engines); it depends only on the grammar named by
-    *fingerprint* and the state (and, for a content-named grammar, is
-    persisted beside it: :mod:`outlines_maskcache.persisted_masks`).  Rows
-    are read-only so a served row can never be changed in place by a caller.
-    """
-    state = guide.get_state()
-    key = (fingerprint, "cpu", state, n_words, "bitmask-i32")
-    # With verify=True, words_of itself checks a persisted row against a fresh write.
-    return cached_value(key, lambda: words_of(fingerprint, guide, n_words, state), _row_bytes, np.array_equal)
-
-
-def _row_bytes(row: Any) -> int:
-    return int(row.nbytes) if hasattr(row, "nbytes") else int(row.numel() * row.element_size())
-
-
 def masker_of(processor: Any, grammar: Any) -> Masker:
     """The processor's masker, made on first use or when its grammar object changed."""
     masker = processor.__dict__.get(ATTRIBUTE)
@@ -152,36 +118,3 @@ def masker_of(processor: Any, grammar: Any) -> Masker:
         masker = Masker(grammar)
         setattr(processor, ATTRIBUTE, masker)
     return masker
-
-
-def verify_served(key: tuple, served: Any, fresh: Any, equal: Callable[[Any, Any], bool]) -> None:
-    """``verify=True``: a served mask must equal a fresh build.
-
-    A mismatch drops the entry and raises, so the adapter runs stock for the
-    step: a corrupted row is never applied.
-    """
-    cache = RUNTIME.cache
-    if not equal(served, fresh):
-        cache.reject(key)
-        raise AssertionError(f"cached mask for state {key[2]!r} differs from a fresh build")
-    cache.count("verified")
-
-
-def cached_or_stock(where: str, cached: Callable[[], T], stock: Callable[[], T]) -> T:
-    """Run the cached path; on any fault run the stock one instead.
-
-    Safe because every cached application is idempotent under the stock one
-    that follows: allowed logits are untouched, blocked ones are -inf (or NaN
-    that stock then overwrites with -inf), so a half-applied batch re-masked
-    by stock equals stock.  The one exception is a sparse row caught between
-    its fill and its put-back; the kernel repairs that itself or raises
-    :class:`~outlines_maskcache.kernels.LogitsLost`, which is re-raised here.
-    """
-    try:
-        return cached()
-    except LogitsLost as err:  # the logits are damaged: stock would mask garbage
-        RUNTIME.fault(where, err)
-        raise
-    except Exception as err:  # noqa: BLE001 - any fault must reach stock, never the logits
-        RUNTIME.fault(where, err)
-        return stock()

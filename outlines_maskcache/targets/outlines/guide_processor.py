@@ -33,11 +33,15 @@ from types import ModuleType
 from typing import Any, Callable, Hashable
 
 import numpy as np
+from packaging.version import Version
 
-from outlines_maskcache.fingerprint import digest, vocabulary_hash
+from outlines_maskcache import compiled
+from outlines_maskcache.contract import Patch
+from outlines_maskcache.fingerprint import vocabulary_hash
+from outlines_maskcache.gate import cached_or_stock, when_active
 from outlines_maskcache.kernels import Kernel, allowed_from_ids, kernel_for
-from outlines_maskcache.masking import cached_or_stock, masker_of
-from outlines_maskcache.patching import Patch
+from outlines_maskcache.masker import masker_of
+from outlines_maskcache.outlines_core_calls import allowed_by_state, instruction_ids
 from outlines_maskcache.runtime import RUNTIME
 
 #: Kernels whose result matches stock's dtype on the out-of-place (1.x)
@@ -72,39 +76,12 @@ def _states(processor: Any, input_ids: Any, to_list: Callable[[Any], list]) -> l
     return states
 
 
-def _token_ids(tokens: Any) -> np.ndarray:
-    """Stock's ``Instruction.tokens`` as a numpy id array.
-
-    Anything stock could not use as an index (``None``, an empty float
-    tensor) raises here, so the step runs stock and fails as stock fails.
-    """
-    if hasattr(tokens, "detach"):  # a torch tensor, possibly on a device
-        tokens = tokens.detach().cpu().numpy()
-    ids = np.asarray(tokens)
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"allowed tokens of dtype {ids.dtype} are not token ids")
-    return ids
-
-
 def _allowed_reader(guide: Any, states: list[Hashable], width: int) -> Callable[[int], np.ndarray]:
     def allowed_of(i: int) -> np.ndarray:
         # The same call stock makes for the row; only run on a cache miss.
-        return allowed_from_ids(_token_ids(guide.get_next_instruction(states[i]).tokens), width)
+        return allowed_from_ids(instruction_ids(guide.get_next_instruction(states[i]).tokens), width)
 
     return allowed_of
-
-
-def allowed_by_state(guide: Any) -> bool:
-    """True when *guide*'s allowed tokens are a function of its state alone (so masks can be cached per state).
-
-    True of outlines_core 0.1's Python ``RegexGuide`` (and subclasses that
-    keep its ``get_next_instruction``); not of ``CFGGuide`` or of a subclass
-    that overrides it.
-    """
-    from outlines_core.fsm.guide import RegexGuide as CoreRegexGuide
-
-    return isinstance(guide, CoreRegexGuide) and \
-        type(guide).get_next_instruction is CoreRegexGuide.get_next_instruction
 
 
 def _private_copy(logits: Any) -> Any:
@@ -114,7 +91,7 @@ def _private_copy(logits: Any) -> Any:
     return logits.clone()
 
 
-def patches(module: ModuleType) -> list[Patch]:
+def patches(module: ModuleType, version: Version) -> list[Patch]:
     processor_cls = module.GuideLogitsProcessor
     guide_cls = module.RegexGuide
     stock_process = processor_cls.__dict__["process_logits"]
@@ -128,9 +105,8 @@ def patches(module: ModuleType) -> list[Patch]:
             return None
         return kernel
 
+    @when_active(stock_process)
     def process_logits(self: Any, input_ids: Any, logits: Any) -> Any:
-        if not RUNTIME.active():
-            return stock_process(self, input_ids, logits)
         kernel = kernel_of(self, logits)
         if kernel is None or not allowed_by_state(self.guide):
             return stock_process(self, input_ids, logits)
@@ -152,22 +128,16 @@ def patches(module: ModuleType) -> list[Patch]:
         stock = stock_from_regex.__get__(None, cls)
         if not RUNTIME.active() or kwargs or cls is not guide_cls:
             return stock(regex_string, tokenizer, **kwargs)
-        try:
-            # The guide reads the tokenizer's vocabulary, special tokens,
-            # convert_token_to_string and eos id; the identity covers all of
-            # them, the content parts catch a tokenizer mutated in place.
-            key = ("regex-guide", RUNTIME.fingerprint(tokenizer), tokenizer.eos_token_id,
-                   vocabulary_hash(tokenizer.vocabulary), regex_string)
-        except Exception as err:  # noqa: BLE001 - an unusual tokenizer compiles stock, unmemoized
-            RUNTIME.fault("guide memo key", err)
-            return stock(regex_string, tokenizer)
-
-        def build() -> Any:
-            guide = stock(regex_string, tokenizer)
-            RUNTIME.grammars.register(guide, digest(*key))
-            return guide
-
-        return RUNTIME.grammar_memo.get_or_build(key, build)
+        # The guide reads the tokenizer's vocabulary, special tokens,
+        # convert_token_to_string and eos id; the identity covers all of
+        # them, the content parts catch a tokenizer mutated in place.
+        return compiled.memoized(
+            "guide memo key",
+            lambda: ("regex-guide", RUNTIME.fingerprint(tokenizer), tokenizer.eos_token_id,
+                     vocabulary_hash(tokenizer.vocabulary), regex_string),
+            lambda: stock(regex_string, tokenizer),
+            lambda: stock(regex_string, tokenizer),
+        )
 
     return [
         Patch(processor_cls, "process_logits", process_logits),

@@ -1,0 +1,172 @@
+"""Every call this package makes into outlines_core, in one place (numpy imported lazily: the guard's worker loads this).
+
+outlines_core is the one library whose objects the cache, the store and
+the adapters all handle: its ``Index`` and ``Vocabulary`` (compiled,
+serialised with their own ``from_binary`` format, never pickled), its
+guides' ``write_mask_into`` (the stock mask of a state) and, on the 0.1
+line, its Python ``RegexGuide`` whose ``get_next_instruction`` lists the
+allowed tokens.  Keeping the calls here means an outlines_core release
+that changes one of them is fixed once, for every caller.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+from array import array
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Callable
+
+from outlines_maskcache.fingerprint import digest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: registry fingerprints of vocabularies named by their content: only an
+#: Index over such a vocabulary can be named, hence stored
+VOCABULARY_PREFIX = "vocab:"
+#: tokens whose converted strings enter a vocabulary's key: they pin the
+#: tokenizer's decoding rules (byte-level, SentencePiece...) beside its table
+_PROBES = 97
+
+
+@functools.lru_cache(maxsize=None)
+def version() -> str:
+    """The installed outlines_core release: its binary format and its compiler are part of every key."""
+    try:
+        return importlib.metadata.version("outlines_core")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - vendored builds
+        import outlines_core
+
+        return str(getattr(outlines_core, "__version__", "unknown"))
+
+
+def is_own(name: str, obj: Any) -> bool:
+    """Whether *obj* is outlines_core's own *name* (``Index``, ``Vocabulary``), not a stand-in a test put there."""
+    import outlines_core
+
+    return obj is getattr(outlines_core, name, None)
+
+
+# -- compiled objects ------------------------------------------------------------
+
+def new_index(regex: str, vocabulary: Any) -> Any:
+    from outlines_core import Index
+
+    return Index(regex, vocabulary)
+
+
+def load_index(data: bytes) -> Any:
+    from outlines_core import Index
+
+    return Index.from_binary(data)
+
+
+def load_vocabulary(data: bytes) -> Any:
+    from outlines_core import Vocabulary
+
+    return Vocabulary.from_binary(data)
+
+
+def binary_of(obj: Any) -> bytes:
+    """The ``from_binary`` bytes of an outlines_core object, from its own ``__reduce__``.
+
+    Only that exact shape is accepted: anything else would need pickle.
+    """
+    reduced = obj.__reduce__()
+    if not (isinstance(reduced, tuple) and len(reduced) == 2 and getattr(reduced[0], "__name__", "") == "from_binary"
+            and len(reduced[1]) == 1 and isinstance(reduced[1][0], (bytes, bytearray))):
+        raise TypeError(f"{type(obj).__name__} does not serialise through from_binary")
+    return bytes(reduced[1][0])
+
+
+def schema_regex(schema: str, whitespace_pattern: str | None = None) -> str:
+    """outlines_core's regex for a JSON *schema*: what outlines' backend builds (default whitespace unless given)."""
+    return schema_regex_function()(schema, whitespace_pattern)
+
+
+def schema_regex_function() -> Callable[..., str]:
+    """outlines_core's ``build_regex_from_schema`` (its home moved between releases)."""
+    try:
+        from outlines_core.json_schema import build_regex_from_schema
+    except ImportError:  # pragma: no cover - the 0.1 line
+        from outlines_core.fsm.json_schema import build_regex_from_schema
+    return build_regex_from_schema
+
+
+# -- masks -----------------------------------------------------------------------
+
+def write_words(guide: Any, n_words: int) -> np.ndarray:
+    """The int32 bitmask of *guide*'s current state: the very call stock makes, into a row shaped as stock's (read-only)."""
+    import numpy as np
+
+    row = np.empty(n_words, dtype=np.int32)
+    guide.write_mask_into(row.ctypes.data, n_words, row.itemsize)
+    row.setflags(write=False)
+    return row
+
+
+def allowed_by_state(guide: Any) -> bool:
+    """True when *guide*'s allowed tokens are a function of its state alone (so masks can be cached per state).
+
+    True of outlines_core 0.1's Python ``RegexGuide`` (and subclasses that
+    keep its ``get_next_instruction``); not of ``CFGGuide`` or of a subclass
+    that overrides it.
+    """
+    from outlines_core.fsm.guide import RegexGuide as CoreRegexGuide
+
+    return isinstance(guide, CoreRegexGuide) and \
+        type(guide).get_next_instruction is CoreRegexGuide.get_next_instruction
+
+
+def instruction_ids(tokens: Any) -> np.ndarray:
+    """A 0.1-line guide's ``Instruction.tokens`` as a numpy id array.
+
+    Anything stock could not use as an index (``None``, an empty float
+    tensor) raises here, so the step runs stock and fails as stock fails.
+    """
+    import numpy as np
+
+    if hasattr(tokens, "detach"):  # a torch tensor, possibly on a device
+        tokens = tokens.detach().cpu().numpy()
+    ids = np.asarray(tokens)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"allowed tokens of dtype {ids.dtype} are not token ids")
+    return ids
+
+
+# -- vocabularies ----------------------------------------------------------------
+
+def vocabulary_key(vocab: dict[str, int], eos_token_id: Any, eos_token: Any,
+                   token_to_str: Callable[[str], str] | None, *extra: object) -> str:
+    """A content key for a tokenizer vocabulary as a converter sees it (~40 ms at 128k tokens).
+
+    It covers every (token, id) pair, the EOS token and id, and the
+    converted strings of a spread of tokens (when the converter takes a
+    *token_to_str*), so two tokenizers with one table but different
+    decoding rules get different keys.  Always prefixed with
+    :data:`VOCABULARY_PREFIX`.
+    """
+    by_id = dict(zip(vocab.values(), vocab.keys()))
+    if len(by_id) == len(vocab):  # ids are unique: order by id with an integer sort
+        ids = sorted(by_id)
+        tokens = [by_id[i] for i in ids]
+    else:
+        items = sorted(vocab.items(), key=itemgetter(1, 0))
+        tokens, ids = [t for t, _ in items], [i for _, i in items]
+    h = hashlib.sha256()
+    h.update("\x00".join(tokens).encode("utf-8", "surrogatepass"))
+    h.update(array("q", ids).tobytes())
+    if token_to_str is None:
+        probes: list[str] | None = None
+        eos_str = None
+    else:
+        step = max(1, len(tokens) // _PROBES)
+        probes = [token_to_str(token) for token in tokens[::step]]
+        eos_str = token_to_str(eos_token) if eos_token else None
+    return VOCABULARY_PREFIX + digest("vocabulary", h.hexdigest(), eos_token_id, eos_token, eos_str, probes, *extra)
+
+
+def is_vocabulary_key(fingerprint: Any) -> bool:
+    return isinstance(fingerprint, str) and fingerprint.startswith(VOCABULARY_PREFIX)

@@ -1,0 +1,52 @@
+"""Adapter for vLLM V1 (>= 0.11): ``vllm.v1.structured_output.backend_outlines``.
+
+vLLM's outlines backend fills one int32 bitmask row per constrained request
+per step with ``guide.write_mask_into``, in the EngineCore process, and
+applies the bitmask to the logits.  Each part has its module:
+
+* :mod:`.compile` names each compiled grammar by its content, loads
+  Indexes from the store and wraps guides in a :mod:`.quiet_guide`;
+* :mod:`.fill` serves each request's row from the cache;
+* :mod:`.apply` applies the CPU rows by plans where that pays.
+
+A grammar compiled while the cache was off (or by code we do not know)
+carries no fingerprint and is always filled by stock.
+
+vLLM loads us through the ``vllm.general_plugins`` entry point in every
+process it starts (:func:`outlines_maskcache.plugins.vllm`).  The
+EngineCore usually runs in its own process, where
+``outlines_maskcache.stats()`` of the caller cannot see; set
+``OUTLINES_MASKCACHE_STATS_FILE=/path/stats-{pid}.json`` to have each
+process that filled bitmasks write its stats there
+(:mod:`outlines_maskcache.stats_file`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from types import ModuleType
+
+from packaging.version import Version
+
+from outlines_maskcache.contract import Patch, UnknownLayout
+
+log = logging.getLogger("outlines_maskcache")
+
+
+def patches(module: ModuleType, version: Version) -> list[Patch]:
+    from outlines_maskcache.targets.vllm import apply, compile, fill
+
+    backend_cls = getattr(module, "OutlinesBackend", None)
+    grammar_cls = getattr(module, "OutlinesGrammar", None)
+    if backend_cls is None or grammar_cls is None or "compile_grammar" not in backend_cls.__dict__ \
+            or "fill_bitmask" not in grammar_cls.__dict__:
+        raise UnknownLayout("vLLM's outlines backend has no OutlinesBackend.compile_grammar / OutlinesGrammar.fill_bitmask")
+    found = compile.patches(backend_cls, str(version)) + fill.patches(grammar_cls, backend_cls)
+    utils = sys.modules.get(module.__name__.rpartition(".")[0] + ".utils")
+    if utils is not None and "xgr" in vars(utils):  # only the planned apply depends on it
+        found.append(Patch(utils, "xgr", apply.XgrammarStandIn(vars(utils)["xgr"])))
+    else:
+        log.warning("outlines_maskcache: vLLM %s applies bitmasks without the xgr global we plan CPU rows through; "
+                    "masks are cached, the apply is vLLM's own (docs/engines.md)", version)
+    return found

@@ -1,0 +1,27 @@
+"""The tested matrix, as data: which releases of each target's distribution CI runs.
+
+One place for it: the noxfile builds its sessions from :data:`TESTED`,
+``outlines-maskcache status`` says whether the installed release is in it,
+an install of an untested release inside a supported range logs one line,
+and a test checks that docs/versions.md and the targets' ``supported``
+ranges agree with it (each range's oldest and newest tested release lie
+inside it).  Dependency-free, so the noxfile can read it without installing
+anything.
+"""
+
+from __future__ import annotations
+
+#: target name -> releases CI runs (oldest first)
+TESTED: dict[str, tuple[str, ...]] = {
+    "outlines-core-backend": ("1.2.0", "1.2.3", "1.2.4", "1.3.3"),
+    "guide-processor": ("0.1.1", "0.2.3", "1.0.4", "1.1.1"),
+    "llamacpp-sampler": ("0.3.36",),
+    "vllm-v1": ("0.32.0",),
+    "sglang": ("0.5.23",),
+}
+
+
+def is_tested(target: str, version: object) -> bool:
+    """Whether CI runs *target* at *version* (a local label such as ``+cpu`` is ignored)."""
+    text = str(version).split("+", 1)[0]
+    return text in TESTED.get(target, ())
