@@ -354,6 +354,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from outlines_maskcache.targets import TARGETS
+    from outlines_maskcache.versions import TESTED, is_tested
 
     print(f"outlines-maskcache {mc.__version__}; installed: {mc.installed_targets() or 'nothing'}")
     for target in TARGETS:
@@ -362,11 +363,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         if version is None:
             state = "absent"
         elif target.supports(version):
-            state = "supported"
+            state = "supported, tested" if is_tested(target.name, version) else \
+                f"supported, not in the tested matrix ({', '.join(TESTED.get(target.name, ()))})"
         elif any(t.supports(version) for t in TARGETS if t.distributions == target.distributions):
             state = "another target covers this version"
         else:
-            state = "UNSUPPORTED version: outlines runs stock"
+            state = "UNSUPPORTED version: runs stock"
         active = " (patched)" if target.name in mc.installed_targets() else ""
         print(f"  {target.name:24} {dist} {version or '-'} ({target.supported}): {state}{active}")
     print(json.dumps(mc.stats(), indent=2))

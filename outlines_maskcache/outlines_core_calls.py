@@ -139,7 +139,7 @@ def instruction_ids(tokens: Any) -> np.ndarray:
 # -- vocabularies ----------------------------------------------------------------
 
 def vocabulary_key(vocab: dict[str, int], eos_token_id: Any, eos_token: Any,
-                   token_to_str: Callable[[str], str] | None, *extra: object) -> str:
+                   token_to_str: Callable[[str], str] | None, *extra: object, ordered: bool = False) -> str:
     """A content key for a tokenizer vocabulary as a converter sees it (~40 ms at 128k tokens).
 
     It covers every (token, id) pair, the EOS token and id, and the
@@ -147,7 +147,18 @@ def vocabulary_key(vocab: dict[str, int], eos_token_id: Any, eos_token: Any,
     *token_to_str*), so two tokenizers with one table but different
     decoding rules get different keys.  Always prefixed with
     :data:`VOCABULARY_PREFIX`.
+
+    *ordered*: the converter's result depends on the mapping's iteration
+    order (a later token overwrites an earlier one that decodes alike), so
+    the key covers the order too.
     """
+    if ordered:
+        h = hashlib.sha256(b"ordered\x00")
+        for token, token_id in vocab.items():
+            h.update(token.encode("utf-8", "surrogatepass"))
+            h.update(b"\x00" + repr(token_id).encode() + b"\x00")
+        return VOCABULARY_PREFIX + digest("vocabulary", h.hexdigest(), eos_token_id, eos_token,
+                                          *_probes(list(vocab), token_to_str, eos_token), *extra)
     by_id = dict(zip(vocab.values(), vocab.keys()))
     if len(by_id) == len(vocab):  # ids are unique: order by id with an integer sort
         ids = sorted(by_id)
@@ -158,14 +169,16 @@ def vocabulary_key(vocab: dict[str, int], eos_token_id: Any, eos_token: Any,
     h = hashlib.sha256()
     h.update("\x00".join(tokens).encode("utf-8", "surrogatepass"))
     h.update(array("q", ids).tobytes())
+    return VOCABULARY_PREFIX + digest("vocabulary", h.hexdigest(), eos_token_id, eos_token,
+                                      *_probes(tokens, token_to_str, eos_token), *extra)
+
+
+def _probes(tokens: list[str], token_to_str: Callable[[str], str] | None, eos_token: Any) -> tuple[Any, Any]:
+    """(the converted EOS, converted strings of a spread of tokens): they pin the decoding rules."""
     if token_to_str is None:
-        probes: list[str] | None = None
-        eos_str = None
-    else:
-        step = max(1, len(tokens) // _PROBES)
-        probes = [token_to_str(token) for token in tokens[::step]]
-        eos_str = token_to_str(eos_token) if eos_token else None
-    return VOCABULARY_PREFIX + digest("vocabulary", h.hexdigest(), eos_token_id, eos_token, eos_str, probes, *extra)
+        return None, None
+    step = max(1, len(tokens) // _PROBES)
+    return (token_to_str(eos_token) if eos_token else None), [token_to_str(token) for token in tokens[::step]]
 
 
 def is_vocabulary_key(fingerprint: Any) -> bool:

@@ -124,10 +124,14 @@ def _real_vocabulary(tokenizer):
     from outlines.backends.outlines_core import OutlinesCoreBackend
     from outlines.models.transformers import TransformerTokenizer
 
+    import inspect
+
     tok = TransformerTokenizer(tokenizer)
+    args = [tokenizer.get_vocab(), tokenizer.eos_token_id, tokenizer.eos_token]
+    if "token_to_str" in inspect.signature(OutlinesCoreBackend.create_outlines_core_vocabulary).parameters:
+        args.append(tok.convert_token_to_string)  # 1.2.1+
     with mc.disabled():
-        return OutlinesCoreBackend.create_outlines_core_vocabulary(tok.get_vocab(), tok.eos_token_id, tok.eos_token,
-                                                                   tok.convert_token_to_string), tok.eos_token_id, len(tokenizer)
+        return OutlinesCoreBackend.create_outlines_core_vocabulary(*args), tokenizer.eos_token_id, len(tokenizer)
 
 
 SCHEMAS = {

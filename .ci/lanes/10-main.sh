@@ -7,6 +7,8 @@ cd "$(dirname "$0")/../.."
 bash scripts/setup.sh .venv "outlines==1.3.3"
 PYTHON=.venv/bin/python bash scripts/fetch_schemas.sh
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
+# Architecture contracts (pyproject.toml [tool.importlinter]): no import circles, cores free of outlines and engines.
+.venv/bin/lint-imports
 .venv/bin/python -m pytest -q tests --ignore=tests/engines --junitxml="$reports/main-outlines-1.3.3.xml"
 .venv/bin/outlines-maskcache bench --quick --compile --memory --json "$reports/bench-quick.json" --plot "$reports/bench-quick.png"
 # The MaskBench replay through its command, on three real schemas (conformance is asserted: exit 1 on any disagreement).

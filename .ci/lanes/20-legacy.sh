@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Legacy lane: the outlines 0.1.x-1.1.x line (GuideLogitsProcessor over a
 # Python RegexGuide, patched by the "guide-processor" target), one venv per
-# tested release, the whole shared suite in each (tests for other lines skip).
+# tested release (outlines_maskcache/versions.py, or the releases given as
+# arguments), the whole shared suite in each (tests for other lines skip).
 #
 # Extras this line needs beyond scripts/setup.sh: `datasets`, which
 # outlines' TransformerTokenizer.__hash__ imports (the index build is
@@ -10,12 +11,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 failed=()
-for version in 0.2.3 1.0.4; do
+versions=("$@")
+[ "${#versions[@]}" -eq 0 ] && mapfile -t versions < <(python3 -c "import runpy; print('\n'.join(runpy.run_path('outlines_maskcache/versions.py')['TESTED']['guide-processor']))")
+for version in "${versions[@]}"; do
     venv=".venv-outlines-$version"
     start=$SECONDS
     # Lean (CI): only this lane uses the venv; the next version's needs the disk.
     [ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && trap 'rm -rf "$venv"' EXIT
     bash scripts/setup.sh "$venv" "outlines==$version"
+    # 0.1.1 was released against numpy 1 (outlines_core 0.1.14 is built for it).
+    [ "$version" = 0.1.1 ] && "$venv/bin/python" -m pip --disable-pip-version-check -q install "numpy<2"
     "$venv/bin/python" -m pip --disable-pip-version-check -q install "datasets==5.2.0"
     if "$venv/bin/python" -m pytest -q tests --ignore=tests/engines \
             --junitxml="$reports/legacy-outlines-$version.xml"; then

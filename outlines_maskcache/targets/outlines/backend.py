@@ -57,6 +57,9 @@ from outlines_maskcache.runtime import RUNTIME
 
 #: from this release a finished guide that accepts the token advances too (outlines_core#227)
 ADVANCE_FINISHED_SINCE = Version("1.2.4")
+#: from this release the vocabulary conversion keeps every id of tokens that decode alike; before
+#: it, the last one in the mapping's iteration order wins, so the order is part of the content
+ORDER_FREE_CONVERSION_SINCE = Version("1.3.0")
 #: stock's per-library mask methods, which ``_setup`` binds as ``bias_logits``
 BIAS_METHODS = ("_bias_logits_torch", "_bias_logits_numpy", "_bias_logits_mlx")
 #: instance attribute: (this backend's vocabulary, the memoized one it was copied from)
@@ -290,8 +293,9 @@ def named_vocabulary(convert: Callable[..., Any], outlines_version: str, args: t
     except TypeError:
         return convert(*args, **kwargs), None
     try:
+        ordered = Version(Version(outlines_version).base_version) < ORDER_FREE_CONVERSION_SINCE
         key = core.vocabulary_key(bound["vocab"], bound["eos_token_id"], bound["eos_token"],
-                                  bound.get("token_to_str"), "outlines", outlines_version)
+                                  bound.get("token_to_str"), "outlines", outlines_version, ordered=ordered)
     except Exception as err:  # noqa: BLE001 - an unusual tokenizer converts stock, unnamed
         RUNTIME.fault("vocabulary key", err)
         return convert(*args, **kwargs), None

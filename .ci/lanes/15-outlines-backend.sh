@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# outlines-core-backend releases other than the newest (which the main lane
+# runs in full): equivalence with stock at every step, generation, the
+# parity checks and a hypothesis subset, in one venv (.venv-backend) that
+# switches the outlines release.  Usage: 15-outlines-backend.sh VERSION...
+# (nox passes one release per session; no argument runs every release the
+# tested matrix lists but the newest).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
+venv=".venv-backend"
+versions=("$@")
+if [ "${#versions[@]}" -eq 0 ]; then
+    mapfile -t versions < <(python3 -c "import runpy; t = runpy.run_path('outlines_maskcache/versions.py')['TESTED']['outlines-core-backend']; print('\n'.join(t[:-1]))")
+fi
+for version in "${versions[@]}"; do
+    start=$SECONDS
+    if [ -x "$venv/bin/python" ]; then
+        "$venv/bin/python" -m pip --disable-pip-version-check -q install "outlines==$version"
+    else
+        bash scripts/setup.sh "$venv" "outlines==$version"
+    fi
+    "$venv/bin/python" -m pytest -q tests/test_backend_parity.py tests/test_equivalence.py tests/test_api.py \
+        tests/test_state_machine.py tests/test_e2e_transformers.py tests/test_oracle.py \
+        --junitxml="$reports/outlines-backend-$version.xml"
+    echo "outlines-backend lane: outlines $version passed in $((SECONDS - start)) s"
+done
+# Lean (CI): the venv is used by the backend sessions only; the newest release's session of them removes it.
+last=$(python3 -c "import runpy; print(runpy.run_path('outlines_maskcache/versions.py')['TESTED']['outlines-core-backend'][-2])")
+if [ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && [ "${versions[-1]}" = "$last" ]; then rm -rf "$venv"; fi

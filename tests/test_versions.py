@@ -1,0 +1,49 @@
+"""The tested matrix is written once (outlines_maskcache/versions.py); the ranges and the docs agree with it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from packaging.version import Version
+
+from outlines_maskcache.targets import TARGETS
+from outlines_maskcache.versions import TESTED, is_tested
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "versions.md"
+
+
+def test_every_target_has_tested_releases():
+    assert {t.name for t in TARGETS} == set(TESTED)
+
+
+def test_each_range_is_bounded_by_its_oldest_and_newest_tested_release():
+    for target in TARGETS:
+        tested = [Version(v) for v in TESTED[target.name]]
+        assert tested == sorted(tested), target.name
+        assert all(target.supports(v) for v in tested), target.name
+        for spec in target._spec:
+            if spec.operator == ">=":
+                assert Version(spec.version) == tested[0], (target.name, str(spec))
+            elif spec.operator == "<=":
+                assert Version(spec.version) == tested[-1], (target.name, str(spec))
+            elif spec.operator == "==":
+                prefix = spec.version.removesuffix(".*")
+                assert all(str(v).startswith(prefix) for v in tested), (target.name, str(spec))
+            else:  # an open bound would claim releases CI never ran
+                raise AssertionError(f"{target.name}: {spec} is not a bound at a tested release")
+
+
+def test_docs_table_lists_each_tested_release():
+    text = DOCS.read_text(encoding="utf-8")
+    for target in TARGETS:
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{target.name}`")), None)
+        assert row is not None, f"docs/versions.md has no row for {target.name}"
+        assert target.supported in row, (target.name, target.supported)
+        listed = set(re.findall(r"\d+\.\d+\.\d+", row.split("|")[3]))
+        assert listed == set(TESTED[target.name]), (target.name, listed)
+
+
+def test_untested_release_is_recognised():
+    assert is_tested("outlines-core-backend", "1.3.3") and is_tested("vllm-v1", "0.32.0+cpu")
+    assert not is_tested("outlines-core-backend", "1.2.1")
