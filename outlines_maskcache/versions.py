@@ -14,7 +14,7 @@ from __future__ import annotations
 #: target name -> releases CI runs (oldest first)
 TESTED: dict[str, tuple[str, ...]] = {
     "outlines-core-backend": ("1.2.0", "1.2.3", "1.2.4", "1.3.3"),
-    "guide-processor": ("0.1.1", "0.2.3", "1.0.4", "1.1.1"),
+    "guide-processor": ("0.2.3", "1.0.4"),
     "llamacpp-sampler": ("0.3.36",),
     "vllm-v1": ("0.32.0",),
     "sglang": ("0.5.23",),

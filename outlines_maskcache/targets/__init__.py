@@ -24,7 +24,7 @@ TARGETS: list[Target] = [
     Target(
         name="guide-processor",
         distributions=("outlines",),
-        supported=">=0.1.1,<=1.1.1",
+        supported=">=0.2.3,<=1.0.4",
         module="outlines.processors.structured",
         adapter="outlines_maskcache.targets.outlines.guide_processor:patches",
         note="Regex/JSON GuideLogitsProcessor of the 0.1-1.1 line (transformers, llama.cpp, mlx-lm, vLLM offline); CFG stays stock",
