@@ -99,17 +99,12 @@ def guarded() -> bool:
     return settings.compile_timeout is not None or settings.compile_max_bytes is not None
 
 
-def compile_index(regex: str, vocabulary: Any, vocab_key: str | None,
-                  build: Callable[[], Any] | None = None) -> Any:
-    """``Index(regex, vocabulary)`` via the store (when *vocab_key* names its content) and the compile guard.
-
-    *build*: the caller's own unguarded compile (an engine's, with its own
-    timeout); outlines_core's constructor when None.
-    """
+def compile_index(regex: str, vocabulary: Any, vocab_key: str | None) -> Any:
+    """``Index(regex, vocabulary)`` via the store (when *vocab_key* names its content) and the compile guard."""
 
     def compile_it() -> Any:
         if not guarded():
-            return build() if build is not None else core.new_index(regex, vocabulary)
+            return core.new_index(regex, vocabulary)
         from outlines_maskcache.guard import compile_index as in_worker
 
         settings = RUNTIME.settings

@@ -125,22 +125,24 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
 
 
-def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    raw = environ.get(ENV_ENABLE)
-    if raw is None or raw.strip() == "":
-        return True
+def _switch(raw: str | None) -> bool | None:
+    """An on/off environment value: True, False, None when unset or empty; ValueError for anything else."""
+    if raw is None or not raw.strip():
+        return None
     value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in FALSE_WORDS:
+    if value in _TRUE | FALSE_WORDS:
+        return value in _TRUE
+    raise ValueError(f"{raw!r} is not one of {sorted(_TRUE | FALSE_WORDS)}")
+
+
+def enabled_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    try:
+        switch = _switch(environ.get(ENV_ENABLE))
+    except ValueError as err:
+        warnings.warn(f"{ENV_ENABLE}={err}; outlines_maskcache stays off and outlines runs stock",
+                      RuntimeWarning, stacklevel=3)
         return False
-    warnings.warn(
-        f"{ENV_ENABLE}={raw!r} is not one of {sorted(_TRUE | FALSE_WORDS)}; "
-        "outlines_maskcache stays off and outlines runs stock",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-    return False
+    return switch is not False
 
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
@@ -154,15 +156,13 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
             except ConfigError as err:
                 warnings.warn(f"{env}: {err}; keeping the default of {default} bytes", RuntimeWarning, stacklevel=3)
     for name, env in ENV_SWITCHES.items():
-        raw = environ.get(env)
-        if raw is None or not raw.strip():
+        try:
+            switch = _switch(environ.get(env))
+        except ValueError as err:
+            warnings.warn(f"{env}={err}; keeping it on", RuntimeWarning, stacklevel=3)
             continue
-        value = raw.strip().lower()
-        if value in _TRUE | FALSE_WORDS:
-            settings = settings.updated(**{name: value in _TRUE})
-        else:
-            warnings.warn(f"{env}={raw!r} is not one of {sorted(_TRUE | FALSE_WORDS)}; keeping it on",
-                          RuntimeWarning, stacklevel=3)
+        if switch is not None:
+            settings = settings.updated(**{name: switch})
     raw = environ.get(ENV_STORE)
     if raw is not None and raw.strip():
         value = raw.strip()

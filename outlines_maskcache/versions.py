@@ -6,10 +6,12 @@ an install of an untested release inside a supported range logs one line,
 and a test checks that docs/versions.md and the targets' ``supported``
 ranges agree with it (each range's oldest and newest tested release lie
 inside it).  Dependency-free, so the noxfile can read it without installing
-anything.
+anything, and the lane scripts run it as a script.
 """
 
 from __future__ import annotations
+
+import sys
 
 #: target name -> releases CI runs (oldest first)
 TESTED: dict[str, tuple[str, ...]] = {
@@ -25,3 +27,7 @@ def is_tested(target: str, version: object) -> bool:
     """Whether CI runs *target* at *version* (a local label such as ``+cpu`` is ignored)."""
     text = str(version).split("+", 1)[0]
     return text in TESTED.get(target, ())
+
+
+if __name__ == "__main__":  # `python3 outlines_maskcache/versions.py TARGET`: its releases, one a line (the lanes read this)
+    print("\n".join(TESTED[sys.argv[1]]))

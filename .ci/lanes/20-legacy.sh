@@ -12,15 +12,13 @@ cd "$(dirname "$0")/../.."
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 failed=()
 versions=("$@")
-[ "${#versions[@]}" -eq 0 ] && mapfile -t versions < <(python3 -c "import runpy; print('\n'.join(runpy.run_path('outlines_maskcache/versions.py')['TESTED']['guide-processor']))")
+[ "${#versions[@]}" -eq 0 ] && mapfile -t versions < <(python3 outlines_maskcache/versions.py guide-processor)
 for version in "${versions[@]}"; do
     venv=".venv-outlines-$version"
     start=$SECONDS
     # Lean (CI): only this lane uses the venv; the next version's needs the disk.
     [ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && trap 'rm -rf "$venv"' EXIT
     bash scripts/setup.sh "$venv" "outlines==$version"
-    # 0.1.1 was released against numpy 1 (outlines_core 0.1.14 is built for it).
-    [ "$version" = 0.1.1 ] && "$venv/bin/python" -m pip --disable-pip-version-check -q install "numpy<2"
     "$venv/bin/python" -m pip --disable-pip-version-check -q install "datasets==5.2.0"
     if "$venv/bin/python" -m pytest -q tests --ignore=tests/engines \
             --junitxml="$reports/legacy-outlines-$version.xml"; then

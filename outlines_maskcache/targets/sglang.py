@@ -13,12 +13,12 @@ SGLang's result by construction — and a hit is one device-side row copy.
 ``fill_vocab_mask_batched`` (a loop over rows) reaches it per row.
 
 Compiled guides: SGLang compiles with outlines 0.1's ``RegexGuide.from_regex``,
-which the ``guide-processor`` target memoizes in memory and whose
-``create_states_mapping`` outlines itself caches on disk, so this target
-adds no store of its own.
+whose ``create_states_mapping`` outlines itself caches on disk, so this
+target adds no store of its own.
 
-Loaded through SGLang's ``sglang.srt.plugins`` entry point (:func:`outlines_maskcache.plugins.sglang`) (SGLang >= 0.5.11
-calls it in every process it starts, the scheduler included; honour
+Loaded through SGLang's ``sglang.srt.plugins`` entry point
+(:func:`outlines_maskcache.plugins.sglang`), which SGLang (0.5.11 and
+later) calls in every process it starts, the scheduler included (honour
 ``SGLANG_PLUGINS`` if set).  Older SGLang starts its scheduler with no
 plugin hook; they are not supported (see docs/versions.md).  Stats reach the
 user through ``OUTLINES_MASKCACHE_STATS_FILE`` (:mod:`outlines_maskcache.stats_file`).

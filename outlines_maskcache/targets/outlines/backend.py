@@ -221,13 +221,10 @@ def _backend_patches(module: ModuleType, outlines_version: str) -> list[Patch]:
         if not isinstance(model, model_types):
             return stock_init(self, model)
 
-        def key() -> tuple:
-            tokenizer = getattr(model, "mlx_tokenizer", None) or model.tokenizer
-            return ("backend", type(model), RUNTIME.fingerprint(tokenizer), _tokenizer_stamp(tokenizer),
-                    getattr(tokenizer, "eos_token_id", None), model.tensor_library_name)
-
         try:
-            parts = key()
+            tokenizer = getattr(model, "mlx_tokenizer", None) or model.tokenizer
+            parts = ("backend", type(model), RUNTIME.fingerprint(tokenizer), _tokenizer_stamp(tokenizer),
+                     getattr(tokenizer, "eos_token_id", None), model.tensor_library_name)
         except Exception as err:  # noqa: BLE001 - a model we cannot name is set up by stock
             RUNTIME.fault("backend memo key", err)
             return stock_init(self, model)

@@ -1,4 +1,4 @@
-"""Adapter for outlines 0.1.1-1.1: ``outlines.processors.structured.GuideLogitsProcessor``.
+"""Adapter for the outlines 0.1-1.1 line (tested range in :mod:`outlines_maskcache.targets`): ``outlines.processors.structured.GuideLogitsProcessor``.
 
 Two layouts of one algorithm live in this line, and stock's own per-step
 cost is rebuilding a (B, V) bool mask from ``torch.tensor(allowed_ids)``

@@ -1,4 +1,4 @@
-"""Adapter for vLLM V1 (>= 0.11): ``vllm.v1.structured_output.backend_outlines``.
+"""Adapter for vLLM V1 (the range is in :mod:`outlines_maskcache.targets`): ``vllm.v1.structured_output.backend_outlines``.
 
 vLLM's outlines backend fills one int32 bitmask row per constrained request
 per step with ``guide.write_mask_into``, in the EngineCore process, and

@@ -92,15 +92,12 @@ def patches(backend_cls: type, vllm_version: str) -> list[Patch]:
         stock: Callable[[], Any] = lambda: stock_index(self, regex_string, vocabulary)  # noqa: E731
         if not RUNTIME.active() or RUNTIME.store() is None:
             return stock()
-        key: list[str] = []
-
-        def name() -> tuple:
-            key.append(vocabulary_key(self, vocabulary, vllm_version))
-            return ("vllm-index", key[0], regex_string)
+        def key() -> tuple:  # the vocabulary's key is computed once, then read from the registry
+            return ("vllm-index", vocabulary_key(self, vocabulary, vllm_version), regex_string)
 
         return compiled.memoized(
-            "vllm-v1 vocabulary key", name,
-            lambda: compiled.stored("index", (key[0], regex_string), stock, core.load_index),
+            "vllm-v1 vocabulary key", key,
+            lambda: compiled.stored("index", key()[1:], stock, core.load_index),
             stock, content=True,
         )
 
