@@ -33,7 +33,7 @@ fi
 status=0
 failed=()
 for session in "${sessions[@]}"; do
-  name="$(echo "$session" | tr -c 'A-Za-z0-9._-\n' '-')"
+  name="$(echo "$session" | tr -c 'A-Za-z0-9._\n-' '-')"
   log="$MASKCACHE_REPORTS/lane-$name.log"
   echo "=== session $session: start $(date -u +%H:%M:%S), $(df -Ph . | awk 'NR==2 {print $4}') free on disk"
   start=$(date +%s)

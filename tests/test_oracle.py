@@ -14,9 +14,11 @@ import torch
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+from packaging.version import Version
+
 import outlines_maskcache as mc
 from support.strategies import regexes, vocabularies
-from support.versions import requires_outlines_core_backend
+from support.versions import outlines_version, requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
 
@@ -69,6 +71,9 @@ class Oracle:
         return any(state in self.fsm.finals for state in self.path(text)[:len(text)])
 
 
+#: outlines 1.2.4 also advances a finished guide that accepts the token (outlines_core#227)
+ADVANCES_FINISHED_GUIDES = outlines_version() >= Version("1.2.4")
+
 #: complete prefixes where outlines_core (stock and cached alike) disallows EOS
 UPSTREAM_GAPS: list[tuple[str, str]] = []
 
@@ -76,6 +81,9 @@ UPSTREAM_GAPS: list[tuple[str, str]] = []
 @given(regex=regexes(max_depth=2), vocab=vocabularies(max_extra=15), seed=st.integers(0, 2**32 - 1))
 # Found by CI: leftmost-first drops "aa" from the start state of (a|aa).
 @example(regex="(a|aa)", vocab=({"a": [0], "b": [1], "aa": [2]}, 3, 4), seed=0)
+# Found by CI on outlines 1.2.0/1.2.3: a finished guide stays put there, so "a" after "aa" is stock's.
+@example(regex="(aa|a)", vocab=({"a": [0], "b": [1]}, 2, 3), seed=0)
+@example(regex="(a|(b)*)", vocab=({"a": [0], "b": [1]}, 2, 3), seed=0)
 def test_cached_masks_match_the_interegular_oracle(regex, vocab, seed):
     from outlines_core import Index, Vocabulary
     from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
@@ -118,7 +126,10 @@ def test_cached_masks_match_the_interegular_oracle(regex, vocab, seed):
         # drops "aa"; (aa)* after "aa" drops "a", test_upstream_final_state_gap):
         # the cache reproduces stock there, it does not "fix" it.
         choices = sorted(allowed - {eos})
-        if not choices:
+        if not choices or (stock._guides[0].is_finished() and not ADVANCES_FINISHED_GUIDES):
+            # Before outlines 1.2.4 a finished guide consumes no more tokens, so
+            # the prefix below would no longer be the guide's: the processor's
+            # steps there are checked against stock in test_backend_parity.
             break
         token = int(rng.choice(choices))
         ids.append(token)
