@@ -19,7 +19,8 @@ import nox
 nox.options.default_venv_backend = "none"
 nox.options.error_on_missing_interpreters = True
 
-TESTED = runpy.run_path(str(Path(__file__).parent / "outlines_maskcache" / "versions.py"))["TESTED"]
+_MATRIX = runpy.run_path(str(Path(__file__).parent / "outlines_maskcache" / "versions.py"))
+TESTED, PYTHONS = _MATRIX["TESTED"], _MATRIX["PYTHONS"]
 NEWEST_BACKEND = TESTED["outlines-core-backend"][-1]
 
 
@@ -59,10 +60,18 @@ def vllm(session: nox.Session) -> None:
     _lane(session, "40-vllm.sh")
 
 
-@nox.session(name=f"sglang-{TESTED['sglang'][-1]}")
-def sglang(session: nox.Session) -> None:
-    """SGLang's outlines grammar backend."""
-    _lane(session, "50-sglang.sh")
+@nox.session(name="sglang")
+@nox.parametrize("version", list(TESTED["sglang"]), ids=list(TESTED["sglang"]))
+def sglang(session: nox.Session, version: str) -> None:
+    """SGLang's outlines grammar backend, oldest and newest tested release."""
+    _lane(session, "50-sglang.sh", version)
+
+
+@nox.session(name="python")
+@nox.parametrize("version", list(PYTHONS), ids=list(PYTHONS))
+def python(session: nox.Session, version: str) -> None:
+    """Another interpreter, without torch: cores, store, quiet guide, numpy processor, guarded and AOT compile."""
+    _lane(session, "70-python.sh", version)
 
 
 @nox.session(name="package")

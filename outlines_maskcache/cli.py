@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import outlines_maskcache as mc
 from outlines_maskcache.bench.maskbench import ENGINES as _ENGINES
+from outlines_maskcache.bench.run_record import write_json
 from outlines_maskcache.runtime import RUNTIME
 
 
@@ -138,8 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results["stats"] = mc.stats()
     results["settings"]["tokenizers"] = args.tokenizers
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
-        print(f"wrote {args.json}")
+        write_json(args.json, results)
     if args.plot:
         plot_micro(cases, Path(args.plot))
         print(f"wrote {args.plot}")
@@ -177,8 +177,7 @@ def cmd_maskbench(args: argparse.Namespace) -> int:
                                grammars=grammars, progress=advance)
     maskbench.print_result(result, markdown=args.md)
     if args.json:
-        Path(args.json).write_text(json.dumps(maskbench.as_json(result), indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, maskbench.as_json(result))
     if args.plot:
         maskbench.plot_cdf(result, args.plot)
         print(f"wrote {args.plot}")
@@ -198,8 +197,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
     result = setup.run([g.spec for g in grammars], args.tokenizer, args.timeout)
     setup.print_summary(result)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(result, summary=setup.summarize(result)), indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, dict(result, summary=setup.summarize(result)))
     return 0
 
 
@@ -209,7 +207,7 @@ def cmd_sglang(args: argparse.Namespace) -> int:
     rows = sglang.run(tuple(args.tokenizers), args.repeats)
     sglang.print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        write_json(args.json, rows)
     return 0
 
 
@@ -226,8 +224,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
                                     device=args.device)
     paired.print_rows(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(paired.as_json(rows), indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, paired.as_json(rows))
     return 0 if all(all(r.same_as_stock.values()) for r in rows) else 1
 
 
@@ -253,9 +250,8 @@ def _e2e_schemas(args: argparse.Namespace) -> int:
     rows = jsb.summarize(results)
     jsb.print_summary(rows, len(chosen), left)
     if args.json:
-        Path(args.json).write_text(json.dumps({"schemas": [g.name for g in chosen], "left_out": left,
-                                               "summary": rows, "raw": results}, indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, {"schemas": [g.name for g in chosen], "left_out": left, "summary": rows,
+                               "raw": results})
     return 1 if any("skipped" in r for r in rows) else 0  # an engine asked for and not run is a failure
 
 
@@ -279,9 +275,7 @@ def _e2e_interleaved(args: argparse.Namespace, specs: list[str], names: list[str
         else:
             e2e_interleaved.print_summary(result["summary"], engine, len(specs), args.interleaved)
     if args.json:
-        Path(args.json).write_text(json.dumps({"schemas": names, "left_out": left, "rounds": args.interleaved,
-                                               "engines": results}, indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, {"schemas": names, "left_out": left, "rounds": args.interleaved, "engines": results})
     ok = all("skipped" not in r and r["summary"][0]["same_as_stock"][0] == r["summary"][0]["same_as_stock"][1]
              for r in results.values())
     return 0 if ok else 1

@@ -16,11 +16,16 @@ import sys
 #: target name -> releases CI runs (oldest first)
 TESTED: dict[str, tuple[str, ...]] = {
     "outlines-core-backend": ("1.2.0", "1.2.3", "1.2.4", "1.3.3"),
-    "guide-processor": ("0.2.3", "1.0.4"),
+    "guide-processor": ("0.1.1", "0.2.3", "1.0.4", "1.1.1"),
     "llamacpp-sampler": ("0.3.36",),
     "vllm-v1": ("0.32.0",),
-    "sglang": ("0.5.23",),
+    "sglang": ("0.5.21", "0.5.23"),
 }
+
+#: Python interpreters CI runs besides the main sessions' 3.11: the oldest
+#: that ``requires-python`` admits and the newest outlines 1.3 admits, each
+#: without torch (no CPU wheel of it is at hand for them; see .ci/lanes/70-python.sh)
+PYTHONS: tuple[str, ...] = ("3.10.13", "3.13.0")
 
 
 def is_tested(target: str, version: object) -> bool:

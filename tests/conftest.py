@@ -30,6 +30,7 @@ def nightly() -> bool:
 @pytest.fixture(scope="session")
 def gpt2_outlines_model():
     """An outlines Transformers model: a tiny random GPT-2 over the real GPT-2 tokenizer."""
+    pytest.importorskip("torch", reason="a transformers model needs torch (torch-free session)")
     import outlines
 
     from support.material import gpt2_tokenizer, tiny_model

@@ -20,8 +20,8 @@ for version in "${versions[@]}"; do
     else
         bash scripts/setup.sh "$venv" "outlines==$version"
     fi
-    "$venv/bin/python" -m pytest -q tests/test_backend_parity.py tests/test_equivalence.py tests/test_api.py \
-        tests/test_state_machine.py tests/test_e2e_transformers.py tests/test_oracle.py \
+    "$venv/bin/python" -m pytest -q tests/test_backend_matches_its_release.py tests/test_processor_equals_stock.py tests/test_install_disable_stats.py \
+        tests/test_shared_cache_state_machine.py tests/test_transformers_generation.py tests/test_masks_against_regex_oracle.py \
         --junitxml="$reports/outlines-backend-$version.xml"
     echo "outlines-backend lane: outlines $version passed in $((SECONDS - start)) s"
 done

@@ -6,7 +6,8 @@
 #
 # Extras this line needs beyond scripts/setup.sh: `datasets`, which
 # outlines' TransformerTokenizer.__hash__ imports (the index build is
-# lru-cached on the tokenizer).  Both releases run on transformers 5.x.
+# lru-cached on the tokenizer; an older datasets on 0.1.x, whose numpy < 2
+# pin rules out datasets 5).  Every release runs on transformers 5.x.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
@@ -19,7 +20,12 @@ for version in "${versions[@]}"; do
     # Lean (CI): only this lane uses the venv; the next version's needs the disk.
     [ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && trap 'rm -rf "$venv"' EXIT
     bash scripts/setup.sh "$venv" "outlines==$version"
-    "$venv/bin/python" -m pip --disable-pip-version-check -q install "datasets==5.2.0"
+    case "$version" in
+        # outlines 0.1.x pins numpy < 2; datasets 5 needs a pyarrow built for numpy 2.
+        0.1.*) extras=("datasets==3.6.0" "pyarrow==18.1.0") ;;
+        *) extras=("datasets==5.2.0") ;;
+    esac
+    "$venv/bin/python" -m pip --disable-pip-version-check -q install "${extras[@]}"
     if "$venv/bin/python" -m pytest -q tests --ignore=tests/engines \
             --junitxml="$reports/legacy-outlines-$version.xml"; then
         echo "legacy lane: outlines $version passed in $((SECONDS - start)) s"

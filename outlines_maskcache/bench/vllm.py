@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outlines_maskcache.bench.run_record import write_json
+
 DENSE_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}},
                 "required": ["name", "bio"]}
 #: digits only (about 1,100 of 128k tokens allowed per state), long enough that every request runs to max_tokens
@@ -190,6 +192,5 @@ def main_args(args: Any) -> int:
                     variants=variants, schemas_dir=args.data, n_schemas=args.schemas, progress=advance)
     print_table(cases)
     if args.json:
-        Path(args.json).write_text(json.dumps(as_json(cases), indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, as_json(cases))
     return 0 if all(c.identical() for c in cases) else 1

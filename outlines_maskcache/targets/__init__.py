@@ -24,7 +24,7 @@ TARGETS: list[Target] = [
     Target(
         name="guide-processor",
         distributions=("outlines",),
-        supported=">=0.2.3,<=1.0.4",
+        supported=">=0.1.1,<=1.1.1",
         module="outlines.processors.structured",
         adapter="outlines_maskcache.targets.outlines.guide_processor:patches",
         note="Regex/JSON GuideLogitsProcessor of the 0.1-1.1 line (transformers, llama.cpp, mlx-lm, vLLM offline); CFG stays stock",
@@ -52,7 +52,7 @@ TARGETS: list[Target] = [
         name="sglang",
         distributions=("sglang",),
         # The sglang.srt.plugins hook (0.5.11+) loads us in the scheduler; CI runs 0.5.23.
-        supported="==0.5.23",
+        supported=">=0.5.21,<=0.5.23",
         module="sglang.srt.constrained.outlines_backend",
         adapter="outlines_maskcache.targets.sglang:patches",
         automatic=False,

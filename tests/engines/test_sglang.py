@@ -31,7 +31,8 @@ from support.material import gpt2_tokenizer
 
 pytest.importorskip("sglang", reason="sglang is not installed (see .ci/lanes/50-sglang.sh)")
 outlines_backend = pytest.importorskip("sglang.srt.constrained.outlines_backend")
-from sglang.srt.constrained.base_grammar_backend import GrammarRow, InvalidGrammarObject  # noqa: E402
+from sglang.srt.constrained import base_grammar_backend  # noqa: E402
+from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve().parent
@@ -63,6 +64,20 @@ def request(backend, key):
     return value
 
 
+def fill(cls, live, mask) -> None:
+    """Fill the live rows as the installed SGLang's sampler does.
+
+    SGLang 0.5.23 batches the rows (``fill_vocab_mask_batched`` over
+    ``GrammarRow``s); 0.5.11 has neither and calls ``fill_vocab_mask`` per row.
+    """
+    row_type = getattr(base_grammar_backend, "GrammarRow", None)
+    if row_type is not None and hasattr(cls, "fill_vocab_mask_batched"):
+        cls.fill_vocab_mask_batched([row_type(row, g) for row, g in live], mask)
+    else:
+        for row, g in live:
+            g.fill_vocab_mask(mask, row)
+
+
 def drive(backend, grammars, width: int, steps: int, seed: int) -> int:
     """Scheduler-style steps over a batch of requests; compare with SGLang's own masks each step."""
     rng = random.Random(seed)
@@ -73,10 +88,10 @@ def drive(backend, grammars, width: int, steps: int, seed: int) -> int:
         if not live:
             break
         mask = cls.allocate_vocab_mask(grammars[0], width, len(grammars), "cpu")
-        cls.fill_vocab_mask_batched([GrammarRow(row, g) for row, g in live], mask)
+        fill(cls, live, mask)
         with mc.disabled():
             ref = cls.allocate_vocab_mask(grammars[0], width, len(grammars), "cpu")
-            cls.fill_vocab_mask_batched([GrammarRow(row, g) for row, g in live], ref)
+            fill(cls, live, ref)
         assert torch.equal(mask, ref), f"mask differs from SGLang's at step {step}"
         logits = torch.randn(len(grammars), width, generator=torch.Generator().manual_seed(seed * 1000 + step))
         expected = logits.clone()

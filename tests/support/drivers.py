@@ -1,4 +1,9 @@
-"""Drive a stock and a cached outlines processor in lockstep and compare every step bit for bit."""
+"""Drive a stock and a cached outlines processor in lockstep and compare every step bit for bit.
+
+torch is optional here: the torch-free sessions of the matrix (Python 3.10
+and 3.13, where no CPU torch wheel is at hand) drive outlines' numpy
+processor through the same walks.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +12,39 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
-import torch
 
 import outlines_maskcache as mc
 
-INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+try:
+    import torch
+except ImportError:
+    torch = None
+
+#: the tensor library a walk uses unless told otherwise
+DEFAULT_LIBRARY = "torch" if torch is not None else "numpy"
+
+
+def is_tensor(x) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def bits(x):
-    if isinstance(x, torch.Tensor):
-        return x.contiguous().view(INT_VIEW[x.dtype])
+    if is_tensor(x):
+        int_view = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+                    torch.bfloat16: torch.int16}
+        return x.contiguous().view(int_view[x.dtype])
     return np.ascontiguousarray(x).view({4: np.int32, 2: np.int16, 8: np.int64}[x.dtype.itemsize])
 
 
 def assert_bit_identical(stock, cached, where: str = "") -> None:
-    if isinstance(stock, torch.Tensor):
+    if is_tensor(stock):
         assert stock.shape == cached.shape and stock.dtype == cached.dtype, where
         same = torch.equal(bits(stock), bits(cached))
     else:
         assert stock.shape == cached.shape and stock.dtype == cached.dtype, where
         same = np.array_equal(bits(stock), bits(cached))
     if not same:
-        s, c = (np.asarray(t.float() if isinstance(t, torch.Tensor) else t) for t in (stock, cached))
+        s, c = (np.asarray(t.float() if is_tensor(t) else t) for t in (stock, cached))
         diff = np.argwhere(np.asarray(bits(stock)) != np.asarray(bits(cached)))
         raise AssertionError(f"{where}: {len(diff)} logits differ, first at {diff[:5].tolist()}: stock={s[tuple(diff[0])]} cached={c[tuple(diff[0])]}")
 
@@ -41,8 +57,10 @@ def random_logits(rng: np.random.Generator, batch: int, width: int, dtype, libra
             for r in range(batch):
                 data[r, pos[r]] = value
     if library == "numpy":
-        return data.astype({torch.float32: np.float32, torch.float16: np.float16}.get(dtype, np.float32))
-    return torch.from_numpy(data).to(dtype)
+        if torch is not None and dtype == torch.float16:
+            return data.astype(np.float16)
+        return data.astype(np.float16 if dtype == np.float16 else np.float32)
+    return torch.from_numpy(data).to(dtype or torch.float32)
 
 
 @contextlib.contextmanager
@@ -63,7 +81,7 @@ class Lockstep:
     """A stock processor (run under ``disabled()``) and a cached one over the same Index."""
 
     index: object
-    library: str = "torch"
+    library: str = DEFAULT_LIBRARY
     #: the cached processor's Index when it is not *index* (one loaded from the store)
     cached_index: object = None
     stock: object = field(init=False)
@@ -80,7 +98,7 @@ class Lockstep:
         self.cached.reset()
 
     def step(self, input_ids, logits):
-        copy = (lambda t: t.clone()) if isinstance(logits, torch.Tensor) else (lambda t: t.copy())
+        copy = (lambda t: t.clone()) if is_tensor(logits) else (lambda t: t.copy())
         stock_error = cached_error = None
         try:
             with mc.disabled():
@@ -95,12 +113,13 @@ class Lockstep:
         return stock, cached, stock_error
 
 
-def walk(index, eos: int, rng: np.random.Generator, batch: int, steps: int, width: int, dtype=torch.float32,
-         library: str = "torch", specials: bool = True, nan: bool = False, lockstep: Lockstep | None = None,
+def walk(index, eos: int, rng: np.random.Generator, batch: int, steps: int, width: int, dtype=None,
+         library: str = DEFAULT_LIBRARY, specials: bool = True, nan: bool = False, lockstep: Lockstep | None = None,
          eos_bias: float = 0.15) -> Lockstep:
     """Random allowed-token paths, rows diverging; assert equality at each step.
 
     Finished rows keep receiving EOS, as transformers pads finished sequences.
+    *dtype* None means float32.
     """
     pair = lockstep or Lockstep(index, library)
     ids = rng.integers(0, width, size=(batch, 2))
@@ -112,7 +131,7 @@ def walk(index, eos: int, rng: np.random.Generator, batch: int, steps: int, widt
         if error is not None:
             return pair
         assert_bit_identical(stock, cached, f"step {step}")
-        stock_np = np.asarray(stock.float()) if isinstance(stock, torch.Tensor) else np.asarray(stock, dtype=np.float32)
+        stock_np = np.asarray(stock.float()) if is_tensor(stock) else np.asarray(stock, dtype=np.float32)
         nxt = []
         for r in range(batch):
             allowed = np.flatnonzero(stock_np[r] != -np.inf)

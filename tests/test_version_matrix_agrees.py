@@ -47,3 +47,13 @@ def test_docs_table_lists_each_tested_release():
 def test_untested_release_is_recognised():
     assert is_tested("outlines-core-backend", "1.3.3") and is_tested("vllm-v1", "0.32.0+cpu")
     assert not is_tested("outlines-core-backend", "1.2.1")
+
+
+def test_oldest_python_session_is_the_oldest_python_claimed():
+    from outlines_maskcache.versions import PYTHONS
+
+    pyproject = (DOCS.parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    claimed = re.search(r'^requires-python = ">=(\d+\.\d+)"', pyproject, re.MULTILINE).group(1)
+    assert min(Version(v) for v in PYTHONS).release[:2] == Version(claimed).release[:2]
+    text = DOCS.read_text(encoding="utf-8")
+    assert all(v in text for v in PYTHONS), "docs/versions.md names every Python session"

@@ -3,6 +3,8 @@
 Random regexes over random vocabularies, and real tokenizers with real
 schemas; batches whose rows sit in different states, resets, EOS/final
 states, logits wider than the vocabulary, fp32/fp16/bf16, torch and numpy.
+Without torch (the Python 3.10/3.13 sessions) the same walks drive the
+numpy processor only.
 """
 
 from __future__ import annotations
@@ -12,19 +14,20 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import outlines_maskcache as mc
-from support.drivers import Lockstep, assert_bit_identical, numpy_blocked_below, random_logits, walk
+from support.drivers import Lockstep, assert_bit_identical, numpy_blocked_below, random_logits, torch, walk
 from support.material import gpt2_tokenizer, llama3_tokenizer
 from support.strategies import regexes, vocabularies
 from support.versions import requires_outlines_core_backend
 
 pytestmark = requires_outlines_core_backend
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16] if torch is not None else [None]
+LIBRARIES = ["torch", "numpy"] if torch is not None else ["numpy"]
+requires_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (torch-free session)")
 
 
 def compile_index(regex: str, vocab: dict, eos: int):
@@ -37,7 +40,7 @@ def compile_index(regex: str, vocab: dict, eos: int):
 
 
 @given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 8),
-       extra=st.integers(0, 40), dtype=st.sampled_from(DTYPES), library=st.sampled_from(["torch", "numpy"]),
+       extra=st.integers(0, 40), dtype=st.sampled_from(DTYPES), library=st.sampled_from(LIBRARIES),
        resets=st.integers(0, 2), sparse=st.sampled_from([0.0, 0.3, 1.0]), blocked=st.sampled_from([0.0, 0.25, 1.0]))
 def test_random_regex_random_vocab(regex, vocab, seed, batch, extra, dtype, library, resets, sparse, blocked):
     with numpy_blocked_below(blocked):
@@ -53,7 +56,7 @@ def _random_walks(regex, vocab, seed, batch, extra, dtype, library, resets, spar
     assume(index is not None)
     if library == "numpy":
         # llama.cpp logits are float32; stock's numba kernel rejects float16.
-        dtype = torch.float32
+        dtype = None
     rng = np.random.default_rng(seed)
     pair = None
     for generation in range(resets + 1):
@@ -65,7 +68,7 @@ def _random_walks(regex, vocab, seed, batch, extra, dtype, library, resets, spar
 
 
 @given(regex=regexes(), vocab=vocabularies(), seed=st.integers(0, 2**32 - 1), form=st.sampled_from(["bound", "blocked"]),
-       sparse=st.sampled_from([0.0, 0.3, 1.0]), library=st.sampled_from(["torch", "numpy"]),
+       sparse=st.sampled_from([0.0, 0.3, 1.0]), library=st.sampled_from(LIBRARIES),
        blocked=st.sampled_from([0.0, 0.25, 1.0]))
 def test_nan_logits_with_guard(regex, vocab, seed, form, sparse, library, blocked):
     """NaN logits: exact with nan_guard (bound form) and always with the blocked form, sparse and blocked-id rows."""
@@ -100,7 +103,7 @@ def test_llamacpp_shaped_calls(regex, vocab, seed, extra, sparse, blocked, nan):
     ids = list(rng.integers(0, width, size=3))
     with numpy_blocked_below(blocked):
         for step in range(10):
-            logits = random_logits(rng, 1, width, torch.float32, "numpy", specials=True, nan=nan)[0]
+            logits = random_logits(rng, 1, width, None, "numpy", specials=True, nan=nan)[0]
             views = []
             for processor in (stock_p, cached_p):
                 candidates = np.recarray((width,), dtype=record)
@@ -159,7 +162,7 @@ def test_real_tokenizer_real_schemas(name):
         index = Index(pattern, vocabulary)
         # Wider than the tokenizer, as checkpoints pad their output layer.
         width = n + (0 if i % 2 else 64)
-        dtype = DTYPES[i % 3]
+        dtype = DTYPES[i % len(DTYPES)]
         pair = walk(index, eos, rng, batch=8 if i % 2 else 3, steps=10, width=width, dtype=dtype, eos_bias=0.05)
         pair.reset()
         walk(index, eos, rng, batch=2, steps=6, width=width, dtype=dtype, lockstep=pair)
@@ -167,6 +170,7 @@ def test_real_tokenizer_real_schemas(name):
     assert stats["hits"] > 0 and stats["fallbacks"] == 0
 
 
+@requires_torch
 def test_finished_rows_keep_final_state_masks():
     """After EOS a row stays final (stock's accepts_tokens quirk) and keeps being masked like stock."""
     from outlines_core import Index, Vocabulary

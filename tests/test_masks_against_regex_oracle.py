@@ -129,7 +129,7 @@ def test_cached_masks_match_the_interegular_oracle(regex, vocab, seed):
         if not choices or (stock._guides[0].is_finished() and not ADVANCES_FINISHED_GUIDES):
             # Before outlines 1.2.4 a finished guide consumes no more tokens, so
             # the prefix below would no longer be the guide's: the processor's
-            # steps there are checked against stock in test_backend_parity.
+            # steps there are checked against stock in test_backend_matches_its_release.
             break
         token = int(rng.choice(choices))
         ids.append(token)
