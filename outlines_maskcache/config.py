@@ -24,7 +24,6 @@ ENV_STORE_MAX_BYTES = "OUTLINES_MASKCACHE_STORE_MAX_BYTES"
 ENV_SWITCHES = {
     "quiet_advance": "OUTLINES_MASKCACHE_QUIET_ADVANCE",
     "plan_sparse_rows": "OUTLINES_MASKCACHE_SPARSE_APPLY",
-    "plan_dense_rows": "OUTLINES_MASKCACHE_DENSE_APPLY",
 }
 
 #: Bytes of cached masks allowed per device.  A 128k-vocabulary fp32 row is
@@ -75,8 +74,6 @@ class Settings:
     quiet_advance: bool = True
     #: engines applying int32 bitmasks on CPU: plan rows that allow few tokens
     plan_sparse_rows: bool = True
-    #: ... and rows that block few (free text), written down the batch's columns
-    plan_dense_rows: bool = True
     #: inline compiles in a guarded child process (None = in process, as stock)
     compile_timeout: float | None = None
     compile_max_bytes: int | None = None

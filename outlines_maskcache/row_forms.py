@@ -18,15 +18,8 @@ NUMPY_BLOCKED_BELOW = 0.25
 #: bitmask plans: a row allowing at most this fraction is planned sparse (past
 #: it, copying the allowed logits out and back costs more than the kernel's writes)
 PLAN_SPARSE_BELOW = 1 / 4
-#: bitmask plans: a row blocking at most this fraction is planned dense (past
-#: it, its id list outweighs the kernel's bit reads)
-PLAN_DENSE_BELOW = 1 / 8
 
 
 def plan_kind(allowed: int, n: int) -> str:
-    """``sparse``, ``dense`` or ``kernel``: how a bitmask row allowing *allowed* of *n* tokens is applied."""
-    if allowed <= PLAN_SPARSE_BELOW * n:
-        return "sparse"
-    if n - allowed <= PLAN_DENSE_BELOW * n:
-        return "dense"
-    return "kernel"
+    """``sparse`` or ``kernel``: how a bitmask row allowing *allowed* of *n* tokens is applied."""
+    return "sparse" if allowed <= PLAN_SPARSE_BELOW * n else "kernel"

@@ -18,8 +18,15 @@ TESTED: dict[str, tuple[str, ...]] = {
     "outlines-core-backend": ("1.2.0", "1.2.3", "1.2.4", "1.3.3"),
     "guide-processor": ("0.1.1", "0.2.3", "1.0.4", "1.1.1"),
     "llamacpp-sampler": ("0.3.36",),
-    "vllm-v1": ("0.32.0",),
+    "vllm-v1": ("0.27.0", "0.32.0"),
     "sglang": ("0.5.21", "0.5.23"),
+}
+
+#: libraries CI runs that have no target of their own: mlx-lm goes through
+#: the outlines-core-backend target (mlx[cpu] on Linux), in the main session
+ALSO_TESTED: dict[str, tuple[str, ...]] = {
+    "mlx-lm": ("0.32.2",),
+    "mlx": ("0.32.4",),
 }
 
 #: Python interpreters CI runs besides the main sessions' 3.11: the oldest
@@ -35,4 +42,4 @@ def is_tested(target: str, version: object) -> bool:
 
 
 if __name__ == "__main__":  # `python3 outlines_maskcache/versions.py TARGET`: its releases, one a line (the lanes read this)
-    print("\n".join(TESTED[sys.argv[1]]))
+    print("\n".join({**TESTED, **ALSO_TESTED}[sys.argv[1]]))

