@@ -44,9 +44,11 @@ def patches(module: ModuleType, version: Version) -> list[Patch]:
         raise UnknownLayout("vLLM's outlines backend has no OutlinesBackend.compile_grammar / OutlinesGrammar.fill_bitmask")
     found = compile.patches(backend_cls, str(version)) + fill.patches(grammar_cls, backend_cls)
     utils = sys.modules.get(module.__name__.rpartition(".")[0] + ".utils")
-    if utils is not None and "xgr" in vars(utils):  # only the planned apply depends on it
+    # Only the planned apply depends on it: utils.apply_grammar_bitmask calling xgr (vLLM 0.34 moved the
+    # CPU apply into its CPU worker, and keeps xgr for other uses: a stand-in there would never be called).
+    if utils is not None and "xgr" in vars(utils) and "apply_grammar_bitmask" in vars(utils):
         found.append(Patch(utils, "xgr", apply.XgrammarStandIn(vars(utils)["xgr"])))
     else:
-        log.warning("outlines_maskcache: vLLM %s applies bitmasks without the xgr global we plan CPU rows through; "
-                    "masks are cached, the apply is vLLM's own (docs/engines.md)", version)
+        log.warning("outlines_maskcache: vLLM %s does not apply bitmasks through utils.apply_grammar_bitmask and "
+                    "xgr; masks are cached, the apply is vLLM's own (docs/engines.md)", version)
     return found

@@ -11,9 +11,9 @@ sparse cached rows it served (a hint, verified word for word against the
 bitmask).  ``configure(plan_sparse_rows=False)`` (or
 ``OUTLINES_MASKCACHE_SPARSE_APPLY=0``) leaves every row to xgrammar.
 
-Releases whose ``utils`` module has no ``xgr`` global (vLLM 0.34 moved the
-CPU apply into its CPU worker) keep stock's apply; ``status`` and the
-install log say so (docs/engines.md).
+Releases that do not apply through ``utils.apply_grammar_bitmask`` (vLLM
+0.34 moved the CPU apply into its CPU worker) get no stand-in and keep
+stock's apply; the install log says so (docs/engines.md).
 """
 
 from __future__ import annotations
