@@ -65,6 +65,7 @@ def configure(
     compile_max_bytes: int | None = _UNSET,
     quiet_advance: bool | None = None,
     plan_sparse_rows: bool | None = None,
+    lazy_index: bool | None = _UNSET,
 ) -> Settings:
     """Change settings; invalid values raise :class:`ConfigError` and change nothing.
 
@@ -85,6 +86,9 @@ def configure(
         schemas it alone exhausts memory.
     quiet_advance / plan_sparse_rows: engine-side work
         beyond the mask cache (docs/engines.md); on by default.
+    lazy_index: serve a never-seen regex's first masks from a lazy Index
+        while the full Index compiles off the decode path (docs/lazy-index.md);
+        ``None`` (default): on where CI proves the installed outlines_core.
     """
     changes: dict[str, Any] = {
         k: v
@@ -95,7 +99,8 @@ def configure(
     }
     if store is not _UNSET:
         changes["store"] = None if store is None or store is False else store
-    for name, value in (("compile_timeout", compile_timeout), ("compile_max_bytes", compile_max_bytes)):
+    for name, value in (("compile_timeout", compile_timeout), ("compile_max_bytes", compile_max_bytes),
+                        ("lazy_index", lazy_index)):
         if value is not _UNSET:
             changes[name] = value
     return RUNTIME.configure(**changes)

@@ -201,6 +201,19 @@ def cmd_setup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lazy(args: argparse.Namespace) -> int:
+    from outlines_maskcache.bench import lazy, maskbench
+    from outlines_maskcache.bench.report import progress_bar
+
+    grammars = maskbench.sample(maskbench.load_dataset(args.data), args.sample)
+    with progress_bar(len(grammars), "schemas") as advance:
+        result = lazy.run(grammars, args.tokenizer, args.timeout, progress=advance)
+    lazy.print_result(result)
+    if args.json:
+        write_json(args.json, lazy.as_json(result))
+    return 0
+
+
 def cmd_sglang(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench import sglang
 
@@ -365,6 +378,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             state = "UNSUPPORTED version: runs stock"
         active = " (patched)" if target.name in mc.installed_targets() else ""
         print(f"  {target.name:24} {dist} {version or '-'} ({target.supported}): {state}{active}")
+    from outlines_maskcache.lazy_compile import enabled as lazy_enabled
+
+    print(f"  lazy Index for never-seen regexes (outlines 1.2-1.3 backend): {lazy_enabled()[1]}")
     print(json.dumps(mc.stats(), indent=2))
     return 0
 
@@ -425,6 +441,13 @@ def main(argv: list[str] | None = None) -> int:
     se.add_argument("--timeout", type=float, default=30.0, help="seconds per compile in the cold run")
     se.add_argument("--json")
     se.set_defaults(func=cmd_setup)
+    lz = suites.add_parser("lazy", help="a never-seen schema's first mask: stock's full compile vs the lazy Index")
+    lz.add_argument("--data", help="MaskBench data folder")
+    lz.add_argument("--sample", type=int, default=40, help="schemas (an evenly spread fixed sample)")
+    lz.add_argument("--tokenizer", default="llama3", choices=["llama3", "gpt2"])
+    lz.add_argument("--timeout", type=float, default=30.0, help="seconds per stock compile (and per lazy rescue)")
+    lz.add_argument("--json")
+    lz.set_defaults(func=cmd_lazy)
     sg = suites.add_parser("sglang", help="SGLang fill_vocab_mask per row, stock vs cached (needs sglang)")
     sg.add_argument("--tokenizers", type=_csv(str), default=["gpt2", "llama3"])
     sg.add_argument("--repeats", type=int, default=200)

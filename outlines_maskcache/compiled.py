@@ -78,19 +78,37 @@ def stored(kind: str, parts: tuple, build: Callable[[], T], load: Callable[[byte
     store = RUNTIME.store()
     if store is None:
         return build()
+    found = from_store(kind, parts, load)
+    if found is not None:
+        return found
+    key = store_key(kind, *parts)
+    value = build()
+
+    def save() -> None:
+        try:
+            store.put(key, core.binary_of(value))
+        except Exception as err:  # noqa: BLE001 - failing to save never fails the caller
+            RUNTIME.fault(f"store write {kind}", err)
+
+    # Serialising and writing (tens of MB for a large Index) is not on the path of the first mask.
+    RUNTIME.background.submit(f"store write {kind}", save)
+    return value
+
+
+def from_store(kind: str, parts: tuple, load: Callable[[bytes], T]) -> T | None:
+    """The stored object named by (*kind*, *parts*), or None (store off, no entry, or an entry that does not load)."""
+    store = RUNTIME.store()
+    if store is None:
+        return None
     key = store_key(kind, *parts)
     data = store.get(key)
-    if data is not None:
-        try:
-            return load(data)
-        except Exception as err:  # noqa: BLE001 - an unreadable entry is a miss
-            store.discard(key, f"{kind} entry does not load ({type(err).__name__}: {err})")
-    value = build()
+    if data is None:
+        return None
     try:
-        store.put(key, core.binary_of(value))
-    except Exception as err:  # noqa: BLE001 - failing to save never fails the caller
-        RUNTIME.fault(f"store write {kind}", err)
-    return value
+        return load(data)
+    except Exception as err:  # noqa: BLE001 - an unreadable entry is a miss
+        store.discard(key, f"{kind} entry does not load ({type(err).__name__}: {err})")
+        return None
 
 
 def guarded() -> bool:

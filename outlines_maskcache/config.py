@@ -20,6 +20,7 @@ ENV_ENABLE = "OUTLINES_MASKCACHE"
 ENV_MAX_BYTES = "OUTLINES_MASKCACHE_MAX_BYTES"
 ENV_STORE = "OUTLINES_MASKCACHE_STORE"
 ENV_STORE_MAX_BYTES = "OUTLINES_MASKCACHE_STORE_MAX_BYTES"
+ENV_LAZY_INDEX = "OUTLINES_MASKCACHE_LAZY_INDEX"
 #: switches for engine-side work beyond the mask cache (docs/engines.md), read once at import
 ENV_SWITCHES = {
     "quiet_advance": "OUTLINES_MASKCACHE_QUIET_ADVANCE",
@@ -74,6 +75,9 @@ class Settings:
     quiet_advance: bool = True
     #: engines applying int32 bitmasks on CPU: plan rows that allow few tokens
     plan_sparse_rows: bool = True
+    #: serve a never-seen regex from a lazy Index while the full one compiles behind it:
+    #: None = on where CI proves the outlines_core release (versions.LAZY_INDEX_PROVEN), or True/False
+    lazy_index: bool | None = None
     #: inline compiles in a guarded child process (None = in process, as stock)
     compile_timeout: float | None = None
     compile_max_bytes: int | None = None
@@ -107,6 +111,9 @@ def _validate(name: str, value: object) -> None:
     elif name == "compile_max_bytes":
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 64 << 20):
             raise ConfigError(f"compile_max_bytes must be None or an int >= 64 MiB, got {value!r}")
+    elif name == "lazy_index":
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"lazy_index must be None (auto), True or False, got {value!r}")
     elif name in ("nan_guard", "verify", *ENV_SWITCHES):
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be a bool, got {value!r}")
@@ -160,6 +167,13 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
             continue
         if switch is not None:
             settings = settings.updated(**{name: switch})
+    try:
+        lazy = _switch(environ.get(ENV_LAZY_INDEX))
+    except ValueError as err:
+        warnings.warn(f"{ENV_LAZY_INDEX}={err}; keeping the default (on where proven)", RuntimeWarning, stacklevel=3)
+        lazy = None
+    if lazy is not None:
+        settings = settings.updated(lazy_index=lazy)
     raw = environ.get(ENV_STORE)
     if raw is not None and raw.strip():
         value = raw.strip()

@@ -176,6 +176,14 @@ class Memo:
                 self._building.pop(key, None)
             return value
 
+    def replace(self, key: Hashable, old: Any, new: Any) -> bool:
+        """Put *new* under *key* where *old* still is (a lazy Index handing over to the full one)."""
+        with self._lock:
+            if self._items.get(key) is not old:
+                return False
+            self._items[key] = new
+            return True
+
     def after_fork(self) -> None:
         self._lock = threading.Lock()
         self._building = {}

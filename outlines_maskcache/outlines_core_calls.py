@@ -95,6 +95,122 @@ def schema_regex_function() -> Callable[..., str]:
     return build_regex_from_schema
 
 
+def byte_level_index(regex: str) -> Any:
+    """outlines_core's ``Index`` of *regex* over the 256 one-byte tokens (token ``b`` is ``bytes([b])``, EOS 256).
+
+    Built by the very loop that builds the full Index, so its state ids,
+    recorded edges and final states are the DFA's (see ``lazy_index``).
+    """
+    return new_index(regex, _byte_vocabulary([]))
+
+
+def index_rows(index: Any) -> tuple[dict[int, dict[int, int]], set[int], int]:
+    """(transitions, final states, initial state) of an outlines_core Index, as plain Python data."""
+    return index.get_transitions(), set(index.get_final_states()), index.get_initial_state()
+
+
+def vocabulary_tokens(vocabulary: Any) -> tuple[dict[bytes, list[int]], int]:
+    """(token bytes -> ids, EOS id) exactly as outlines_core's ``Vocabulary`` holds them.
+
+    outlines_core gives Python no way to list a vocabulary's tokens, so
+    this reads its ``from_binary`` bytes (bincode's standard layout: the
+    EOS id, then the token map).  The reading is checked against the
+    object: every byte consumed, the EOS id and a spread of tokens equal to
+    what ``get`` answers; anything else raises ``ValueError`` (a layout
+    this release does not have), never a guess.
+    """
+    data = binary_of(vocabulary)
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        if at >= len(data):
+            raise ValueError("vocabulary bytes end early")
+        first = data[at]
+        at += 1
+        if first < 251:
+            return first
+        size = {251: 2, 252: 4, 253: 8}.get(first)
+        if size is None or at + size > len(data):
+            raise ValueError(f"vocabulary bytes: varint tag {first} is not one we read")
+        value = int.from_bytes(data[at:at + size], "little")
+        at += size
+        return value
+
+    eos = varint()
+    tokens: dict[bytes, list[int]] = {}
+    size = len(data)
+    for _ in range(varint()):
+        length = data[at] if at < size and data[at] < 251 else -1
+        if length >= 0:
+            at += 1
+        else:
+            length = varint()
+        if at + length > size:
+            raise ValueError("vocabulary bytes end inside a token")
+        token = data[at:at + length]
+        at += length
+        count = data[at] if at < size and data[at] < 251 else -1
+        if count >= 0:
+            at += 1
+        else:
+            count = varint()
+        ids = []
+        for _ in range(count):  # ids below 251 are one byte: read them without a call
+            if at < size and data[at] < 251:
+                ids.append(data[at])
+                at += 1
+            else:
+                ids.append(varint())
+        tokens[token] = ids
+    if at != len(data) or eos != vocabulary.get_eos_token_id():
+        raise ValueError("vocabulary bytes are not in the layout this reader knows")
+    items = list(tokens.items())
+    for token, ids in items[:: max(1, len(items) // 64)]:
+        if sorted(vocabulary.get(token) or []) != sorted(ids):
+            raise ValueError("vocabulary bytes disagree with Vocabulary.get")
+    return tokens, eos
+
+
+def lazy_index(regex: str, vocabulary: Any, table: Any = None, stats: Any = None,
+               compile: Callable[[str, Any, str], Any] | None = None) -> Any:
+    """A :class:`~outlines_maskcache.lazy_index.LazyIndex` of *regex* over *vocabulary*, equal to ``Index(regex, vocabulary)``.
+
+    Raises :class:`~outlines_maskcache.lazy_index.NotExact` where that
+    equality cannot be proven, and whatever outlines_core raises for the
+    byte-level Index (then stock's compile raises its own error).  Pass the
+    vocabulary's :class:`~outlines_maskcache.lazy_index.TokenTable` when it
+    is at hand (building one costs about a second at 128k tokens), and
+    *compile* ``(regex, vocabulary, name) -> Index`` to build the byte-level
+    and probe Indexes elsewhere (the compile guard's worker).
+    """
+    from outlines_maskcache.lazy_index import LazyIndex, TokenTable, looks_around
+
+    if table is None:
+        table = TokenTable.of(*vocabulary_tokens(vocabulary))
+    build = compile or (lambda r, v, _name: new_index(r, v))
+    probe = None if looks_around(regex) else functools.partial(_probe_transitions, regex, build)
+    byte = build(regex, _byte_vocabulary([]), "lazy:bytes")
+    return LazyIndex(*index_rows(byte), table, stats=stats, probe=probe)
+
+
+def _byte_vocabulary(witnesses: list[int]) -> Any:
+    """The 256 one-byte tokens (ids 0-255) and the two-byte probe tokens ``b + witness``; EOS after them."""
+    from outlines_core import Vocabulary
+
+    tokens: dict[bytes, list[int]] = {bytes([b]): [b] for b in range(256)}
+    for b in range(256):
+        for k, c in enumerate(witnesses):
+            tokens[bytes([b, c])] = [256 + b * len(witnesses) + k]
+    return Vocabulary(256 + 256 * len(witnesses), tokens)
+
+
+def _probe_transitions(regex: str, build: Callable[[str, Any, str], Any],
+                       witnesses: list[int]) -> dict[int, dict[int, int]]:
+    """The transitions of *regex*'s Index over the one-byte tokens and the two-byte tokens ``b + witness``."""
+    return build(regex, _byte_vocabulary(witnesses), f"lazy:probe:{witnesses}").get_transitions()
+
+
 # -- masks -----------------------------------------------------------------------
 
 def write_words(guide: Any, n_words: int) -> np.ndarray:

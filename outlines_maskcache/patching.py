@@ -118,7 +118,12 @@ def _try_apply(target: Target, strict: bool, explicit: bool) -> None:
 
 
 def uninstall() -> None:
-    """Restore every patched attribute to the exact object it was before."""
+    """Restore every patched attribute to the exact object it was before.
+
+    Full compiles still running behind lazy Indexes finish first, so every
+    processor holds outlines_core's own Index afterwards.
+    """
+    RUNTIME.background.drain()
     with _lock:
         for name in list(_applied):
             _restore(_applied.pop(name))

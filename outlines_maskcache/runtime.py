@@ -19,6 +19,7 @@ import os
 import threading
 from typing import Any, Iterator, Protocol, TypeVar
 
+from outlines_maskcache.background import Background
 from outlines_maskcache.cache import MaskCache
 from outlines_maskcache.config import Settings, settings_from_env
 from outlines_maskcache.fingerprint import Fingerprint, Memo, Registry
@@ -58,11 +59,20 @@ class Runtime:
         self._store: tuple[tuple, Store | None] = ((), None)
         #: other per-process state, reached by clear(), reset_stats() and the fork hook
         self._parts: list[Any] = []
+        #: store writes and full compiles behind lazy Indexes, off the decode path
+        self.background = self.own(Background())
+        #: parts that report in stats(), by the key they report under
+        self._reporting: dict[str, Any] = {}
 
     def own(self, part: P) -> P:
         """Adopt *part* (see :class:`Part`) so that ``clear``, ``reset_stats`` and the fork hook reach it."""
         self._parts.append(part)
         return part
+
+    def report(self, key: str, part: P) -> P:
+        """Adopt *part* (as :meth:`own`) and put its ``snapshot()`` in :meth:`stats` under *key*."""
+        self._reporting[key] = part
+        return self.own(part)
 
     def _each(self, method: str) -> None:
         for part in self._parts:
@@ -129,6 +139,8 @@ class Runtime:
         )
         store = self.store()
         snap["store"] = store.snapshot() if store is not None else None
+        for key, part in self._reporting.items():
+            snap[key] = part.snapshot()
         return snap
 
     def reset_stats(self) -> None:

@@ -238,3 +238,22 @@ def test_gpu_check_runs_on_cpu_and_compares_real_schemas(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "cuda_check.json").read_text())
     assert report["identical"]["schemas_checked"] == 2 and report["identical"]["steps_compared"] > 10
     assert [row["batch"] for row in report["timings"]] == [2]
+
+
+def test_lazy_bench_packs_rows_as_stock_and_pairs_ratios_per_schema():
+    import numpy as np
+    from outlines_core import Guide, Index, Vocabulary
+
+    from outlines_maskcache.bench import lazy
+
+    vocabulary = Vocabulary(40, {c: [i] for i, c in enumerate("abc0123")} | {"ab": [33], "12": [39]})
+    guide = Guide(Index("(ab|c)+[0-9]{1,2}", vocabulary))
+    words = np.zeros(2, dtype=np.int32)
+    guide.write_mask_into(words.ctypes.data, 2, 4)
+    assert np.array_equal(lazy.words_of_row(np.array(sorted(guide.get_tokens())), 2), words)
+    result = lazy.Result("toy", 2, stock_ttfm_ms=[100.0, 10.0], lazy_ttfm_ms=[5.0, 5.0],
+                         stock_instance_ms=[200.0, 20.0], lazy_instance_ms=[20.0, 10.0])
+    data = lazy.as_json(result)
+    assert data["lazy_over_stock_first_mask"]["max"] == 0.5 and data["lazy_over_stock_first_mask"]["avg"] == 0.275
+    assert data["lazy_over_stock_whole_instance"]["p50"] == pytest.approx(0.3)
+    assert data["compared"] == 2

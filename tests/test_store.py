@@ -352,8 +352,13 @@ def model(gpt2_outlines_model):
 
 
 def _processor(model, schema=SCHEMA):
+    """The processor, once the background thread is done (a lazy Index handed over, store writes made)."""
+    from outlines_maskcache.runtime import RUNTIME
+
     backend = outlines_core_backend.OutlinesCoreBackend(model)
-    return backend.get_json_schema_logits_processor(json.dumps(schema))
+    processor = backend.get_json_schema_logits_processor(json.dumps(schema))
+    RUNTIME.background.drain()
+    return processor
 
 
 def _walk_equal(index_a, index_b, steps: int = 200) -> int:
@@ -564,7 +569,8 @@ def test_stored_grammars_and_persisted_masks_equal_stock(regex, vocab, seed, bat
         RUNTIME.grammars.register(index, name)  # a content name: its rows persist
         return index
 
-    from_store()  # compiles and stores, unless an earlier example did
+    from_store()  # compiles and stores (on the background thread), unless an earlier example did
+    RUNTIME.background.drain()
     for generation in range(2):  # 0: rows learned (and persisted); 1: a "new process" served from them
         mc.clear()
         before = mc.stats()["store"]["hits"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # outlines-core-backend releases other than the newest (which the main lane
 # runs in full): equivalence with stock at every step, generation, the
-# parity checks and a hypothesis subset, in one venv (.venv-backend) that
+# parity checks, the lazy Index proof (outlines_core 0.2.11) and a hypothesis subset, in one venv (.venv-backend) that
 # switches the outlines release.  Usage: 15-outlines-backend.sh VERSION...
 # (nox passes one release per session; no argument runs every release the
 # tested matrix lists but the newest).
@@ -22,6 +22,7 @@ for version in "${versions[@]}"; do
     fi
     "$venv/bin/python" -m pytest -q tests/test_backend_matches_its_release.py tests/test_processor_equals_stock.py tests/test_install_disable_stats.py \
         tests/test_shared_cache_state_machine.py tests/test_transformers_generation.py tests/test_masks_against_regex_oracle.py \
+        tests/test_lazy_index_equals_full.py tests/test_lazy_first_use.py \
         --junitxml="$reports/outlines-backend-$version.xml"
     echo "outlines-backend lane: outlines $version passed in $((SECONDS - start)) s"
 done

@@ -22,6 +22,10 @@ Patched, each falling back to stock's own code (see docs/design.md):
   (a copy), and a memoized Index is served only while that vocabulary
   equals the one it was compiled for, so a user who mutates
   ``backend.vocabulary`` gets what stock gives.
+* the module's ``Guide`` name: a lazy Index (a never-seen regex's first
+  processor, see :mod:`~outlines_maskcache.lazy_compile`) gets a
+  ``LazyGuide``, anything else stock's ``Guide``; the processor then runs
+  stock's own code on it, and is handed the full Index once compiled.
 * ``OutlinesCoreBackend.create_outlines_core_vocabulary`` and the Index
   compile: through the persistent store (:mod:`outlines_maskcache.compiled`),
   unless the module's ``Vocabulary`` / ``Index`` are not outlines_core's
@@ -45,7 +49,7 @@ from typing import Any, Callable
 import numpy as np
 from packaging.version import Version
 
-from outlines_maskcache import compiled
+from outlines_maskcache import compiled, lazy_compile
 from outlines_maskcache import outlines_core_calls as core
 from outlines_maskcache.contract import Patch, UnknownLayout
 from outlines_maskcache.fingerprint import LOCAL_PREFIX, digest
@@ -237,6 +241,8 @@ def _backend_patches(module: ModuleType, outlines_version: str) -> list[Patch]:
             return dict(probe.__dict__)
 
         state = RUNTIME.vocabulary_memo.get_or_build(parts, build)
+        if _uses_outlines_core(module, "Vocabulary"):
+            lazy_compile.prepare(state["vocabulary"])
         self.__dict__.update(state)
         # Never hand out the shared object: a user may mutate their backend's vocabulary.
         own = copy.deepcopy(state["vocabulary"])
@@ -262,14 +268,20 @@ def _backend_patches(module: ModuleType, outlines_version: str) -> list[Patch]:
             vocabulary = source
         named = RUNTIME.fingerprint(vocabulary)
         content = named if core.is_vocabulary_key(named) else None
+        memo_key = ("index", named, regex)
         index = compiled.memoized(
-            "index memo key", lambda: ("index", named, regex),
-            lambda: compiled.compile_index(regex, vocabulary, content),
+            "index memo key", lambda: memo_key,
+            lambda: lazy_compile.index_for(regex, vocabulary, content, memo_key,
+                                           lambda: compiled.compile_index(regex, vocabulary, content)),
             lambda: stock_regex(self, regex), content=content is not None,
         )
-        return module.OutlinesCoreLogitsProcessor(index, self.tensor_library_name)
+        processor = module.OutlinesCoreLogitsProcessor(index, self.tensor_library_name)
+        lazy_compile.follow(processor, index)
+        return processor
 
     return [
+        # Not gated on the switch: a processor that holds a lazy Index needs its guides under disabled() too.
+        Patch(module, "Guide", lazy_compile.guide_factory(module.Guide)),
         Patch(backend_cls, "__init__", __init__),
         Patch(backend_cls, "get_regex_logits_processor", get_regex_logits_processor),
         Patch(backend_cls, "create_outlines_core_vocabulary", staticmethod(create_outlines_core_vocabulary)),

@@ -1,0 +1,531 @@
+"""A state-by-state stand-in for outlines_core 0.2's ``Index``: each state's tokens computed on first visit (#29).
+
+outlines_core's ``Index::new`` walks every token of the vocabulary from
+every state of regex_automata's DFA before the first mask can be served
+(about 2.4 ms a state at 128k tokens: seconds for a large schema).  A
+generation visits a fraction of those states.  This module answers the
+same questions, for one state at a time, from a *byte-level* Index (the
+same regex over 256 one-byte tokens, which outlines_core builds in
+milliseconds):
+
+* ``Index::new`` keeps a token from state ``s`` when its bytes never reach
+  a dead or quit state and the state it ends in, ``t``, passes the
+  end-of-token check: ``t`` is not a match state, or the input would be a
+  complete match at ``t``.  The check depends on ``t`` alone.  Call a state
+  that fails it *bad*: regex_automata reports a match one byte late, so a
+  bad state is one entered by the byte right after a complete match.
+* The byte-level Index is built by that same loop over one-byte tokens, so
+  it records exactly the DFA edges into good states, and it explores every
+  state reachable from the start (a state is explored even when the edge
+  into it fails the check).  Its state ids are the DFA's, as the full
+  Index's are.
+* A token whose path stays on good states is therefore walked exactly
+  through the recorded edges, and ends where the full Index says.  Only a
+  token that *crosses* a bad state is invisible to the walk.  Such a token
+  ends in a good state, so the last bad state on its path has a recorded
+  edge out while no recorded edge enters it: an *orphan* of the byte-level
+  Index (a key of its transitions that is neither a target nor the start,
+  which regex_automata never makes a match state).  No orphans means no
+  such token exists, and the walk equals the full Index on every state.
+  Orphans exist where a regex can go on past a complete match (a URI
+  format's ``[^\\s]*`` absorbing the closing ``"}``): there the lazy Index
+  is refused, never approximated.
+* Stock's compile fails (``IncompatibleVocabulary``) when a state it
+  explores is neither a match state nor has a valid token.  With no
+  orphans, no token leads out of a bad state to a good one, so the good
+  states stock explores are those a token sequence reaches, all of them
+  known to the byte-level Index.  The lazy Index is refused unless every
+  known non-final state has a valid token (most are cleared by a one-byte
+  token; the rest have their rows computed up front), so it is used only
+  where stock's compile succeeds.
+
+This module knows nothing of outlines: it takes the byte-level Index's
+transitions and the vocabulary's tokens as plain data.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+#: a byte-level DFA with more states than this is refused (its table is states x 256 int32)
+MAX_BYTE_STATES = 1 << 16
+
+
+class NotExact(ValueError):
+    """The lazy Index cannot be proven equal to the full one for this regex and vocabulary: build the full one."""
+
+
+@dataclass
+class TokenTable:
+    """A vocabulary's tokens as outlines_core iterates them, laid out for a vectorised walk.
+
+    Tokens are the distinct byte strings (each with all its ids), EOS's own
+    excluded as ``Index::new`` excludes it, sorted by length, longest
+    first, so the tokens still walking after byte ``j`` are a prefix.
+    """
+
+    eos_token_id: int
+    #: byte ``j`` of the token at sorted position ``i`` is ``columns[j, i]`` (0 past its end)
+    columns: np.ndarray
+    #: ``longer_than[j]``: how many tokens have more than ``j`` bytes (a prefix of the order)
+    longer_than: np.ndarray
+    #: ids of the token at sorted position ``i``: ``ids[id_start[i]:id_start[i + 1]]``
+    ids: np.ndarray
+    id_start: np.ndarray
+    #: ids of empty tokens (allowed wherever the state itself passes the check)
+    empty_ids: np.ndarray
+    single_bytes: frozenset[int]
+    #: every token is whole UTF-8 characters, so a token sequence never stops inside a character
+    whole_characters: bool
+    #: outlines_core's ``Vocabulary.len()``: every id of every token, plus one for EOS
+    vocab_size: int
+
+    @classmethod
+    def of(cls, tokens: Mapping[bytes, Iterable[int]], eos_token_id: int) -> TokenTable:
+        kept: list[tuple[bytes, list[int]]] = []
+        empty: list[int] = []
+        vocab_size = 1
+        for token, ids in tokens.items():
+            ids = list(ids)
+            vocab_size += len(ids)
+            if eos_token_id in ids:
+                continue
+            if token:
+                kept.append((bytes(token), ids))
+            else:
+                empty.extend(ids)
+        kept.sort(key=lambda item: -len(item[0]))
+        lengths = np.fromiter((len(t) for t, _ in kept), dtype=np.int64, count=len(kept))
+        width = int(lengths[0]) if len(kept) else 0
+        columns = np.zeros((width, len(kept)), dtype=np.uint8)
+        starts = np.cumsum(lengths) - lengths
+        total = int(lengths.sum())
+        # byte k of every token at once: its position in the token, and the token's column
+        columns[np.arange(total) - np.repeat(starts, lengths), np.repeat(np.arange(len(kept)), lengths)] = \
+            np.frombuffer(b"".join(t for t, _ in kept), dtype=np.uint8)
+        longer_than = len(kept) - np.cumsum(np.bincount(lengths, minlength=width + 1))[:width]
+        counts = np.fromiter((len(ids) for _, ids in kept), dtype=np.int64, count=len(kept))
+        id_start = np.zeros(len(kept) + 1, dtype=np.int64)
+        np.cumsum(counts, out=id_start[1:])
+        flat = np.fromiter((i for _, ids in kept for i in ids), dtype=np.int64, count=int(id_start[-1]))
+        singles = frozenset(t[0] for t, _ in kept if len(t) == 1)
+        return cls(eos_token_id, columns, longer_than, flat, id_start, np.array(sorted(empty), dtype=np.int64),
+                   singles, all(_whole_characters(t) for t, _ in kept), vocab_size)
+
+
+def _whole_characters(token: bytes) -> bool:
+    try:
+        token.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _pending_after(byte: int, pending: int) -> int:
+    """UTF-8 continuation bytes still expected after *byte*, or -1 where no token sequence of whole characters goes."""
+    if pending:
+        return pending - 1 if 0x80 <= byte <= 0xBF else -1
+    if byte < 0x80:
+        return 0
+    if 0xC2 <= byte <= 0xDF:
+        return 1
+    if 0xE0 <= byte <= 0xEF:
+        return 2
+    if 0xF0 <= byte <= 0xF4:
+        return 3
+    return -1
+
+
+@dataclass
+class StateTokens:
+    """One state's row of the Index: allowed token ids (ascending, EOS included in a final state) and next states."""
+
+    token_ids: np.ndarray
+    next_states: np.ndarray
+
+    def as_dict(self) -> dict[int, int]:
+        return dict(zip(self.token_ids.tolist(), self.next_states.tolist()))
+
+
+@dataclass
+class LazyStats:
+    states_built: int = 0
+    seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, seconds: float) -> None:
+        with self.lock:
+            self.states_built += 1
+            self.seconds += seconds
+
+
+def _edges(transitions: Mapping[int, Mapping[int, int]]) -> np.ndarray:
+    """(state, byte, next state) rows of a byte-level Index's transitions (its EOS entries left out)."""
+    parts = []
+    for s, row in transitions.items():
+        part = np.empty((len(row), 3), dtype=np.int64)
+        part[:, 0] = s
+        part[:, 1] = np.fromiter(row.keys(), dtype=np.int64, count=len(row))
+        part[:, 2] = np.fromiter(row.values(), dtype=np.int64, count=len(row))
+        parts.append(part)
+    edges = np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
+    return edges[(edges[:, 1] >= 0) & (edges[:, 1] < 256)]
+
+
+#: builds the regex's Index over the 256 one-byte tokens (ids 0-255) plus the two-byte tokens
+#: ``bytes([b, witnesses[k]])`` (id ``256 + b * len(witnesses) + k``) and returns its transitions
+Probe = Callable[[list[int]], Mapping[int, Mapping[int, int]]]
+
+
+def _edges_into(orphans: np.ndarray, transitions: Mapping[int, Mapping[int, int]], probe: Probe) -> np.ndarray:
+    """The byte-level edges the byte-level Index dropped: (state, byte, orphan) rows, recovered exactly.
+
+    An edge ``s -b-> x`` is missing when ``x`` is dead, a quit state or bad.
+    Two-byte probe tokens ``b c`` are kept by outlines_core whenever ``x``
+    is not dead and ``c`` leads on to a good state, so the probe's row of
+    (s, b) over the witness bytes ``c`` is ``x``'s own row over them: empty
+    unless ``x`` is a bad state with a way on, i.e. an orphan.  Witnesses
+    are chosen so that orphans with different rows differ on them; orphans
+    with equal rows lead every token to the same place, so either may stand
+    for the other.  This relies on a bad state never following a bad state:
+    true of regex_automata's DFA (a match is reported one byte late, and a
+    bad state's input is no match) unless look-around assertions decide
+    matches, which the caller rules out.
+    """
+    rows = {int(o): dict(transitions[int(o)]) for o in orphans}
+    witnesses: list[int] = sorted({min(b for b in row if b < 256) for row in rows.values()})
+
+    def signature(row: Mapping[int, int]) -> tuple:
+        return tuple(row.get(c) for c in witnesses)
+
+    while True:
+        by_signature: dict[tuple, list[int]] = {}
+        for o, row in rows.items():
+            by_signature.setdefault(signature(row), []).append(o)
+        clash = next((group for group in by_signature.values()
+                      if any(rows[o] != rows[group[0]] for o in group)), None)
+        if clash is None:
+            break
+        first = rows[clash[0]]
+        other = next(rows[o] for o in clash if rows[o] != first)
+        differ = {b for b in set(first) | set(other) if b < 256 and first.get(b) != other.get(b)}
+        witnesses.append(min(differ - set(witnesses)))  # all on witnesses would have made the signatures differ
+    standing_for = {sig: group[0] for sig, group in by_signature.items()}
+    probed = probe(witnesses)
+    width = len(witnesses)
+    found = []
+    for s, row in probed.items():
+        pairs: dict[int, dict[int, int]] = {}
+        singles = set()
+        for token, t in row.items():
+            if token < 256:
+                singles.add(token)
+            elif token < 256 + 256 * width:
+                b, k = divmod(token - 256, width)
+                pairs.setdefault(b, {})[witnesses[k]] = t
+        for b, seen in pairs.items():
+            if b in singles:
+                continue  # a recorded edge into a good state
+            orphan = standing_for.get(signature(seen))
+            if orphan is None:
+                raise NotExact(f"state {s}, byte {b}: the probe names no orphan; the byte-level DFA is not understood")
+            found.append((int(s), b, orphan))
+    return np.array(found, dtype=np.int64).reshape(-1, 3)
+
+
+def looks_around(regex: str) -> bool:
+    """Whether *regex* may hold an anchor or word-boundary assertion (``^ $ \\b \\B \\A \\z``), conservatively.
+
+    ``^`` that opens a character class and anything escaped or inside a
+    class otherwise are literals; everything else that could be an
+    assertion counts.
+    """
+    in_class, i = False, 0
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\":
+            if not in_class and regex[i + 1:i + 2] in ("b", "B", "A", "z", "Z", "<", ">"):
+                return True
+            i += 2
+            continue
+        if in_class:
+            if ch == "[":
+                in_class = True
+            elif ch == "]":
+                in_class = False
+        elif ch == "[":
+            in_class = True
+            i += 1
+            if regex[i:i + 1] == "^":
+                i += 1
+            if regex[i:i + 1] == "]":
+                i += 1
+            continue
+        elif ch in "^$":
+            return True
+        i += 1
+    return False
+
+
+class LazyIndex:
+    """outlines_core 0.2's ``Index`` over a vocabulary, each state's row computed when first asked for.
+
+    Built from the byte-level Index's ``transitions`` (state -> {byte token
+    id -> state}, byte token ``b`` being ``bytes([b])`` with id ``b``),
+    ``final_states`` and ``initial_state``.  Raises :class:`NotExact` where
+    equality with the full Index cannot be proven (see the module's
+    docstring).  Rows are computed once and kept; concurrent first visits of
+    one state compute it once.
+    """
+
+    def __init__(self, transitions: Mapping[int, Mapping[int, int]], final_states: Iterable[int],
+                 initial_state: int, table: TokenTable, stats: LazyStats | None = None,
+                 probe: Probe | None = None) -> None:
+        #: processors serving this Index, handed the full one when it is compiled (weakly held)
+        self.followers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.initial_state = int(initial_state)
+        self.final_states = frozenset(int(s) for s in final_states)
+        self.eos_token_id = table.eos_token_id
+        self.vocab_size = table.vocab_size
+        self._table = table
+        self.stats = stats if stats is not None else LazyStats()
+        edges = _edges(transitions)
+        targets = np.unique(edges[:, 2])
+        orphans = np.setdiff1d(np.fromiter(transitions, dtype=np.int64, count=len(transitions)),
+                               np.append(targets, self.initial_state))
+        if len(orphans):
+            if probe is None:
+                raise NotExact(f"{len(orphans)} DFA state(s) are entered only right after a complete match "
+                               f"(e.g. {orphans.min()}); tokens that cross them are invisible to a byte-level walk")
+            edges = np.concatenate([edges, _edges_into(orphans, transitions, probe)])
+        ids = np.unique(np.concatenate([edges[:, 0], targets, orphans, np.fromiter(self.final_states, dtype=np.int64),
+                                        [self.initial_state]]))
+        if len(ids) > MAX_BYTE_STATES:
+            raise NotExact(f"the byte-level DFA has {len(ids)} states (> {MAX_BYTE_STATES})")
+        states = ids.tolist()
+        #: dense position of each state id; row len(states) is the dead state
+        self._dense = {s: i for i, s in enumerate(states)}
+        self._state_ids = np.array(states + [-1], dtype=np.int64)
+        self._dead = len(states)
+        step = np.full((len(states) + 1, 256), self._dead, dtype=np.int32)
+        step[np.searchsorted(ids, edges[:, 0]), edges[:, 1]] = np.searchsorted(ids, edges[:, 2])
+        self._step = step
+        #: states a token may cross but not end in (the orphans, which fail the end-of-token check), and the dead one
+        self._bad = np.zeros(len(states) + 1, dtype=bool)
+        self._bad[np.searchsorted(ids, orphans)] = True
+        self._bad[self._dead] = True
+        self._rows: dict[int, StateTokens] = {}
+        self._lock = threading.Lock()
+        self._check_stock_compiles()
+
+    def _check_stock_compiles(self) -> None:
+        """Refuse where stock's compile could fail: a reachable, non-final state with no token of the vocabulary.
+
+        Most states are cleared by a one-byte token on a recorded edge; the
+        others (mid-character states of a vocabulary without lone bytes, say)
+        get their rows computed now, and kept.
+        """
+        singles = np.array(sorted(self._table.single_bytes), dtype=np.int64)
+        reachable = self._character_boundaries() if self._table.whole_characters else self._dense
+        open_states = [s for s in reachable if s not in self.final_states and not self._bad[self._dense[s]]]
+        if not open_states:
+            return
+        rows = self._step[[self._dense[s] for s in open_states]]
+        cleared = (~self._bad[rows[:, singles]]).any(axis=1) if len(singles) else np.zeros(len(rows), dtype=bool)
+        for state, ok in zip(open_states, cleared.tolist()):
+            if not ok and not len(self.row(state).token_ids):
+                raise NotExact(f"state {state} has no token of this vocabulary: stock's compile may fail "
+                               "(IncompatibleVocabulary); only the full compile can tell")
+
+    def _character_boundaries(self) -> set[int]:
+        """The states reached from the start by whole UTF-8 characters: all a vocabulary of whole characters reaches.
+
+        A breadth-first walk over (state, continuation bytes still expected), one gather per level.
+        """
+        after = np.array([[_pending_after(b, p) for b in range(256)] for p in range(4)], dtype=np.int64)
+        seen = np.zeros((self._dead + 1, 4), dtype=bool)
+        states = np.array([self._dense[self.initial_state]], dtype=np.int64)
+        pending = np.zeros(1, dtype=np.int64)
+        seen[states, pending] = True
+        while len(states):
+            nxt, left = self._step[states].astype(np.int64), after[pending]
+            keep = (nxt != self._dead) & (left >= 0)
+            pairs = np.unique(nxt[keep] * 4 + left[keep])
+            pairs = pairs[~seen[pairs // 4, pairs % 4]]
+            states, pending = pairs // 4, pairs % 4
+            seen[states, pending] = True
+        return {int(s) for s in self._state_ids[np.nonzero(seen[:, 0])[0]] if s >= 0}
+
+    @property
+    def known_states(self) -> frozenset[int]:
+        """The DFA states the byte-level Index explored: every state a token sequence can reach."""
+        return frozenset(self._dense)
+
+    def is_final_state(self, state: int) -> bool:
+        return state in self.final_states
+
+    def computed_rows(self) -> dict[int, StateTokens]:
+        """The rows computed so far (what has been served), by state."""
+        with self._lock:
+            return dict(self._rows)
+
+    def row(self, state: int) -> StateTokens | None:
+        """*state*'s allowed tokens and next states, or None for a state the DFA never reaches (stock's ``None``)."""
+        found = self._rows.get(state)
+        if found is not None:
+            return found
+        if state not in self._dense:
+            return None
+        with self._lock:
+            found = self._rows.get(state)
+            if found is None:
+                started = time.perf_counter()
+                found = self._walk(state)
+                self._rows[state] = found
+                self.stats.add(time.perf_counter() - started)
+        return found
+
+    def allowed_tokens(self, state: int) -> list[int] | None:
+        found = self.row(state)
+        return None if found is None else found.token_ids.tolist()
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        """Stock's ``next_state``: None for EOS and for a token the state does not allow."""
+        if token_id == self.eos_token_id:
+            return None
+        found = self.row(state)
+        if found is None:
+            return None
+        at = int(np.searchsorted(found.token_ids, token_id))
+        if at < len(found.token_ids) and found.token_ids[at] == token_id:
+            return int(found.next_states[at])
+        return None
+
+    def _walk(self, state: int) -> StateTokens:
+        """Every token's bytes from *state* at once: one gather per byte position over the tokens still alive."""
+        table, step, dead = self._table, self._step, self._dead
+        start = self._dense[state]
+        ended_at: list[np.ndarray] = []
+        ended_in: list[np.ndarray] = []
+        if table.columns.shape[0]:
+            at = np.arange(int(table.longer_than[0]), dtype=np.int64)
+            now = step[start, table.columns[0]]
+            for j in range(1, table.columns.shape[0] + 1):
+                alive = now != dead
+                at, now = at[alive], now[alive]
+                cut = int(np.searchsorted(at, table.longer_than[j])) if j < len(table.longer_than) else 0
+                good = ~self._bad[now[cut:]]
+                ended_at.append(at[cut:][good])
+                ended_in.append(now[cut:][good])
+                if cut == 0:
+                    break
+                at, now = at[:cut], now[:cut]
+                now = step[now, table.columns[j, at]]
+        positions = np.concatenate(ended_at) if ended_at else np.empty(0, dtype=np.int64)
+        dense_next = np.concatenate(ended_in) if ended_in else np.empty(0, dtype=np.int32)
+        counts = table.id_start[positions + 1] - table.id_start[positions]
+        firsts = np.repeat(table.id_start[positions] - np.cumsum(counts) + counts, counts)
+        flat = table.ids[firsts + np.arange(int(counts.sum()))]
+        nexts = np.repeat(self._state_ids[dense_next], counts)
+        extra_ids = [table.empty_ids]  # an empty token ends where it starts: allowed (the state is good)
+        extra_next = [np.full(len(table.empty_ids), state, dtype=np.int64)]
+        if state in self.final_states:
+            extra_ids.append(np.array([self.eos_token_id], dtype=np.int64))
+            extra_next.append(np.array([state], dtype=np.int64))
+        ids = np.concatenate([flat, *extra_ids])
+        nexts = np.concatenate([nexts, *extra_next])
+        order = np.argsort(ids, kind="stable")
+        return StateTokens(ids[order], nexts[order])
+
+
+class LazyGuide:
+    """outlines_core 0.2's ``Guide`` over a :class:`LazyIndex`: the same states, answers and errors.
+
+    What stock's processors call (``get_state``, ``advance``,
+    ``is_finished``, ``accepts_tokens``, ``write_mask_into``, ``reset``,
+    ``rollback_state``) behaves as the Rust ``Guide`` does, messages
+    included; a state's row is computed on its first visit.
+    """
+
+    def __init__(self, index: LazyIndex, max_rollback: int = 32) -> None:
+        self.index = index
+        self._state = index.initial_state
+        self._previous: deque[int] = deque(maxlen=max_rollback)
+        self._max_rollback = max_rollback
+
+    def get_state(self) -> int:
+        return self._state
+
+    def get_tokens(self) -> list[int]:
+        tokens = self.index.allowed_tokens(self._state)
+        if tokens is None:
+            raise ValueError(f"No allowed tokens available for the state {self._state}")
+        return tokens
+
+    def get_allowed_rollback(self) -> int:
+        return len(self._previous)
+
+    def advance(self, token_id: int, return_tokens: bool | None = None) -> list[int] | None:
+        new_state = self.index.next_state(self._state, token_id)
+        if new_state is None:
+            raise ValueError(f"No next state found for the current state: {self._state} with token ID: {token_id}")
+        if self._max_rollback:
+            self._previous.append(self._state)
+        self._state = new_state
+        return self.get_tokens() if return_tokens is None or return_tokens else None
+
+    def rollback_state(self, n: int) -> None:
+        if n == 0:
+            return
+        if n > len(self._previous):
+            raise ValueError(f"Cannot roll back {n} step(s): only {len(self._previous)} states stored "
+                             f"(max_rollback = {self._max_rollback}). You must advance through at least {n} "
+                             f"state(s) before rolling back {n} step(s).")
+        for _ in range(n):
+            self._state = self._previous.pop()
+
+    def accepts_tokens(self, sequence: Iterable[int]) -> bool:
+        state: int | None = self._state
+        for token in sequence:
+            state = self.index.next_state(state, token)  # type: ignore[arg-type]
+            if state is None:
+                return False
+        return True
+
+    def is_finished(self) -> bool:
+        return self.index.is_final_state(self._state)
+
+    def reset(self) -> None:
+        self._state = self.index.initial_state
+
+    def write_mask_into(self, data_ptr: int, numel: int, element_size: int) -> None:
+        """The state's bitmask into caller memory, with the Rust ``Guide``'s checks and layout."""
+        expected = (self.index.vocab_size + 31) // 32
+        if element_size != 4:
+            raise ValueError(f"Invalid element size: got {element_size} bytes per element, "
+                             "expected 4 bytes (32-bit integer).")
+        if data_ptr == 0:
+            raise ValueError("Invalid data pointer: received a null pointer.")
+        if data_ptr % 4:
+            raise ValueError(f"Invalid data pointer alignment: pointer address {data_ptr} is not a multiple of 4.")
+        if numel < expected:
+            raise ValueError(f"Invalid buffer size: got {numel} elements ({numel * element_size} bytes), expected "
+                             f"{expected} elements ({expected * 4} bytes). Ensure that the mask tensor has shape "
+                             "(1, (vocab_size + 31) // 32) and uses 32-bit integers.")
+        out = np.ctypeslib.as_array(ctypes.cast(data_ptr, ctypes.POINTER(ctypes.c_uint32)), shape=(numel,))
+        row = self.index.row(self._state)
+        out[:] = 0
+        if row is not None and len(row.token_ids):
+            ids = row.token_ids[row.token_ids < numel * 32]
+            np.bitwise_or.at(out, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
+
+    def __repr__(self) -> str:
+        return f"LazyGuide(state={self._state})"
