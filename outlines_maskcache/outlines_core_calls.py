@@ -184,14 +184,13 @@ def lazy_index(regex: str, vocabulary: Any, table: Any = None, stats: Any = None
     *compile* ``(regex, vocabulary, name) -> Index`` to build the byte-level
     and probe Indexes elsewhere (the compile guard's worker).
     """
-    from outlines_maskcache.lazy_index import LazyIndex, TokenTable, looks_around
+    from outlines_maskcache.lazy_index import LazyIndex, TokenTable
 
     if table is None:
         table = TokenTable.of(*vocabulary_tokens(vocabulary))
     build = compile or (lambda r, v, _name: new_index(r, v))
-    probe = None if looks_around(regex) else functools.partial(_probe_transitions, regex, build)
     byte = build(regex, _byte_vocabulary([]), "lazy:bytes")
-    return LazyIndex(*index_rows(byte), table, stats=stats, probe=probe)
+    return LazyIndex(*index_rows(byte), table, stats=stats, probe=functools.partial(_probe_transitions, regex, build))
 
 
 def _byte_vocabulary(witnesses: list[int]) -> Any:
@@ -207,7 +206,17 @@ def _byte_vocabulary(witnesses: list[int]) -> Any:
 
 def _probe_transitions(regex: str, build: Callable[[str, Any, str], Any],
                        witnesses: list[int]) -> dict[int, dict[int, int]]:
-    """The transitions of *regex*'s Index over the one-byte tokens and the two-byte tokens ``b + witness``."""
+    """The transitions of *regex*'s Index over the one-byte tokens and the two-byte tokens ``b + witness``.
+
+    Only asked for where the byte-level Index has states after a complete
+    match; refused for a regex whose assertions may decide matches (see
+    :func:`~outlines_maskcache.lazy_index.looks_around`).
+    """
+    from outlines_maskcache.lazy_index import NotExact, looks_around
+
+    if looks_around(regex):
+        raise NotExact("DFA states entered only right after a complete match, in a regex with assertions: "
+                       "the probe that recovers the edges into them is not trusted there")
     return build(regex, _byte_vocabulary(witnesses), f"lazy:probe:{witnesses}").get_transitions()
 
 
