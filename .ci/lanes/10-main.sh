@@ -14,9 +14,10 @@ reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 .venv/bin/lint-imports
 .venv/bin/python -m pytest -q tests --ignore=tests/engines --junitxml="$reports/main-outlines-1.3.3.xml"
 # The long hypothesis profile, once, on the newest release (~1 min): cached == stock over random regexes and
-# vocabularies, and the interegular oracle, 600 examples each.
+# vocabularies, the interegular oracle, and the lazy Index == the full one, 600 examples each.
 HYPOTHESIS_PROFILE=nightly .venv/bin/python -m pytest -q tests/test_processor_equals_stock.py \
-    tests/test_masks_against_regex_oracle.py -k "random_regex_random_vocab or oracle" \
+    tests/test_masks_against_regex_oracle.py tests/test_lazy_index_equals_full.py \
+    -k "random_regex_random_vocab or oracle or random_regexes_and_vocabularies" \
     --junitxml="$reports/main-outlines-1.3.3-nightly-profile.xml"
 .venv/bin/outlines-maskcache bench --quick --compile --memory --json "$reports/bench-quick.json" --plot "$reports/bench-quick.png"
 # The MaskBench replay through its command, on three real schemas (conformance is asserted: exit 1 on any disagreement).
