@@ -206,6 +206,8 @@ def cmd_lazy(args: argparse.Namespace) -> int:
     from outlines_maskcache.bench.report import progress_bar
 
     grammars = maskbench.sample(maskbench.load_dataset(args.data), args.sample)
+    if args.names:
+        grammars = [g for g in grammars if g.name in args.names.split(",")]
     with progress_bar(len(grammars), "schemas") as advance:
         result = lazy.run(grammars, args.tokenizer, args.timeout, progress=advance)
     lazy.print_result(result)
@@ -446,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     lz.add_argument("--sample", type=int, default=40, help="schemas (an evenly spread fixed sample)")
     lz.add_argument("--tokenizer", default="llama3", choices=["llama3", "gpt2"])
     lz.add_argument("--timeout", type=float, default=30.0, help="seconds per stock compile (and per lazy rescue)")
+    lz.add_argument("--names", help="only these schemas of the sample (comma-separated)")
     lz.add_argument("--json")
     lz.set_defaults(func=cmd_lazy)
     sg = suites.add_parser("sglang", help="SGLang fill_vocab_mask per row, stock vs cached (needs sglang)")

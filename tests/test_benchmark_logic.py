@@ -257,3 +257,15 @@ def test_lazy_bench_packs_rows_as_stock_and_pairs_ratios_per_schema():
     assert data["lazy_over_stock_first_mask"]["max"] == 0.5 and data["lazy_over_stock_first_mask"]["avg"] == 0.275
     assert data["lazy_over_stock_whole_instance"]["p50"] == pytest.approx(0.3)
     assert data["compared"] == 2
+
+
+def test_setup_summary_pairs_each_variant_with_stock_per_schema_after_the_first():
+    from outlines_maskcache.bench import setup
+
+    seconds = {"stock": [9.0, 1.0, 2.0, 4.0], "cold-store": [9.0, 0.5, None, 2.0],
+               "cold-store-lazy": [1.0, 0.01, 0.02, 0.04], "warm-store": [0.5, 0.01, 0.01, 0.01]}
+    summary = setup.summarize({"schemas": 4, "left_out": 0, "seconds": seconds})
+    assert summary["stock"]["first_ms"] == 9000 and summary["stock"]["p50_ms"] == 2000
+    assert summary["cold-store-lazy"]["over_stock_p50"] == pytest.approx(0.01)
+    assert summary["cold-store"]["over_stock_p50"] == pytest.approx(0.5)  # the failed compile is left out
+    assert "over_stock_p50" not in summary["stock"]

@@ -202,3 +202,24 @@ def test_the_switch_by_environment_and_by_release(monkeypatch):
     mc.configure(lazy_index=True)
     on, why = lazy_compile.enabled()
     assert on and "forced" in why
+
+
+def test_with_the_compile_guard_the_byte_level_indexes_are_built_in_its_worker(backend, held_back, monkeypatch):
+    from outlines_core import Index
+
+    from outlines_maskcache import guard
+
+    names = []
+    real = guard.compile_index
+    monkeypatch.setattr(guard, "compile_index", lambda regex, vocabulary, name, *limits: (names.append(name),
+                                                                                         real(regex, vocabulary, name,
+                                                                                              *limits))[1])
+    mc.configure(lazy_index=True, compile_timeout=60, compile_max_bytes=2 << 30)
+    regex = r'"([a-z]|é)*"( ?\+ ?"([a-z]|é)*")*'  # goes on past a complete match: the probe is built too
+    processor = backend.get_regex_logits_processor(regex)
+    assert isinstance(processor.index, LazyIndex)
+    assert names[0] == "lazy:bytes" and any(n.startswith("lazy:probe:") for n in names), names
+    full = Index(regex, backend.vocabulary)
+    pair = Lockstep(full, "numpy", cached_index=processor.index)
+    walk(full, gpt2_tokenizer().eos_token_id, np.random.default_rng(4), batch=3, steps=25,
+         width=len(gpt2_tokenizer()), library="numpy", lockstep=pair)

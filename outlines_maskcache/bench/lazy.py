@@ -18,8 +18,9 @@ Equality is checked on the way: every state of every Index stock compiled
 next states on a spread of tokens that reaches every next state, and the
 first masks bit for bit.  Schemas whose stock compile times out or runs out of memory in the
 guarded worker are tried lazily in a forked process under the same time
-limit; one counts as rescued when it serves first masks and replays its
-MaskBench instances as valid/invalid correctly.  The vocabulary's token
+limit; one counts as rescued when it serves first masks and accepts each
+of its MaskBench instances exactly when Python's ``re`` matches the
+instance's text against outlines' regex (labels are reported beside).  The vocabulary's token
 table (built once per vocabulary) is timed on its own, and both sides are
 warmed up once on a toy regex before the first schema.
 """
@@ -123,22 +124,39 @@ def _allowed_prefix(lazy: Any, tokens: list[int] | None) -> list[int] | None:
     return tokens
 
 
-def _judge_lazily(regex: str, table: Any, instances: list[tuple[bool, list[int]]], n_words: int) -> tuple[str, float]:
-    """In a forked process: (verdict, seconds to the first mask) of the lazy Index on a schema stock could not compile."""
+def _judge_lazily(regex: str, table: Any, instances: list[tuple[bool, str, list[int]]],
+                  n_words: int) -> tuple[str, float, int]:
+    """In a forked process: (verdict, seconds to the first mask, instances agreeing with their label).
+
+    The oracle is the regex itself: each instance's text must be accepted
+    exactly when Python's ``re.fullmatch`` of outlines' regex accepts it
+    (outlines' conversion does not admit every instance MaskBench labels
+    valid, and stock, had it compiled, would reject those too).  A regex
+    Python cannot read has no oracle: then the MaskBench labels judge.
+    """
+    import re
+
     from outlines_maskcache.lazy_index import NotExact
 
     try:
         first, _, lazy, _ = _lazy(regex, table, n_words, None)
     except NotExact:
-        return "refused", 0.0
-    for valid, tokens in instances:
+        return "refused", 0.0, 0
+    try:
+        oracle: Any = re.compile(regex)
+    except re.error:
+        oracle = None
+    agree_with_label = 0
+    for valid, text, tokens in instances:
         state: int | None = lazy.initial_state
         for token in tokens:
             state = lazy.next_state(state, token) if state is not None else None
         accepted = state is not None and lazy.is_final_state(state)
-        if accepted != valid:
-            return "wrong verdict", first
-    return "rescued", first
+        agree_with_label += accepted == valid
+        expected = valid if oracle is None else oracle.fullmatch(text) is not None
+        if accepted != expected:
+            return "wrong verdict", first, agree_with_label
+    return "rescued", first, agree_with_label
 
 
 def run(grammars: list[Grammar], tokenizer_name: str = "llama3", timeout: float = 30.0, max_bytes: int = 6 << 30,
@@ -270,19 +288,21 @@ def _rescue(result: Result, row: dict[str, Any], grammar: Grammar, table: Any, h
             n_words: int) -> None:
     """A schema stock timed out or ran out of memory on: the lazy Index, in a fork under the same time limit."""
     result.rescue_tried += 1
-    instances = [(valid, hf.encode(json.dumps(value), add_special_tokens=False)) for valid, value in grammar.tests]
+    instances = [(valid, json.dumps(value), hf.encode(json.dumps(value), add_special_tokens=False))
+                 for valid, value in grammar.tests]
     context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:
         pending = pool.apply_async(_rescue_in_fork, (grammar.spec, table, instances, n_words))
         try:
-            verdict, first = pending.get(timeout)
+            verdict, first, agree = pending.get(timeout)
         except multiprocessing.TimeoutError:
-            verdict, first = "timeout", 0.0
+            verdict, first, agree = "timeout", 0.0, 0
         except Exception as err:  # noqa: BLE001 - whatever failed in the fork is counted by name
-            verdict, first = type(err).__name__, 0.0
+            verdict, first, agree = type(err).__name__, 0.0, 0
         finally:
             pool.terminate()
     row["lazy"] = verdict
+    row["instances"], row["agree_with_label"] = len(instances), agree
     if verdict == "rescued":
         result.rescued += 1
         row["lazy_ttfm_ms"] = first * 1e3
@@ -290,15 +310,15 @@ def _rescue(result: Result, row: dict[str, Any], grammar: Grammar, table: Any, h
         result.rescue_failures[verdict] = result.rescue_failures.get(verdict, 0) + 1
 
 
-def _rescue_in_fork(schema: str, table: Any, instances: list[tuple[bool, list[int]]],
-                    n_words: int) -> tuple[str, float]:
+def _rescue_in_fork(schema: str, table: Any, instances: list[tuple[bool, str, list[int]]],
+                    n_words: int) -> tuple[str, float, int]:
     from outlines_maskcache import outlines_core_calls as core
 
     t0 = time.perf_counter()
     regex = core.schema_regex(schema)
     conversion = time.perf_counter() - t0
-    verdict, first = _judge_lazily(regex, table, instances, n_words)
-    return verdict, first + conversion
+    verdict, first, agree = _judge_lazily(regex, table, instances, n_words)
+    return verdict, first + conversion, agree
 
 
 def as_json(result: Result) -> dict[str, Any]:
