@@ -68,10 +68,13 @@ def memoized(where: str, key: Callable[[], tuple[Hashable, ...]], build: Callabl
     return RUNTIME.grammar_memo.get_or_build(parts, made)
 
 
-def stored(kind: str, parts: tuple, build: Callable[[], T], load: Callable[[bytes], T]) -> T:
+def stored(kind: str, parts: tuple, build: Callable[[], T], load: Callable[[bytes], T],
+           dump: Callable[[T], bytes] = core.binary_of) -> T:
     """The object named by (*kind*, *parts*): loaded from the store, or built and saved there.
 
-    A stored entry that passes the store's checksum but that *load* rejects
+    *dump* gives the bytes to save (outlines_core's own ``from_binary`` bytes
+    unless the object has its own layout).  A stored entry that passes the
+    store's checksum but that *load* rejects
     (a foreign format) is deleted and rebuilt, exactly like a corrupt file.
     Store trouble of any kind costs a compile, never a wrong or failed result.
     """
@@ -86,7 +89,7 @@ def stored(kind: str, parts: tuple, build: Callable[[], T], load: Callable[[byte
 
     def save() -> None:
         try:
-            store.put(key, core.binary_of(value))
+            store.put(key, dump(value))
         except Exception as err:  # noqa: BLE001 - failing to save never fails the caller
             RUNTIME.fault(f"store write {kind}", err)
 

@@ -93,8 +93,18 @@ def enabled() -> tuple[bool, str]:
 
 
 def _table(vocabulary: Any) -> TokenTable:
-    return LAZY.tables.get_or_build(RUNTIME.fingerprint(vocabulary),
-                                    lambda: TokenTable.of(*core.vocabulary_tokens(vocabulary)))
+    """The vocabulary's token table: memoized, and in the store beside the vocabulary when that is named by content."""
+    name = RUNTIME.fingerprint(vocabulary)
+
+    def build() -> TokenTable:
+        def make() -> TokenTable:
+            return TokenTable.of(*core.vocabulary_tokens(vocabulary))
+
+        if not core.is_vocabulary_key(name):
+            return make()
+        return compiled.stored("token-table", (name,), make, TokenTable.from_bytes, TokenTable.to_bytes)
+
+    return LAZY.tables.get_or_build(name, build)
 
 
 def prepare(vocabulary: Any) -> None:

@@ -46,6 +46,7 @@ transitions and the vocabulary's tokens as plain data.
 from __future__ import annotations
 
 import ctypes
+import json
 import threading
 import time
 import weakref
@@ -119,6 +120,50 @@ class TokenTable:
         singles = frozenset(t[0] for t, _ in kept if len(t) == 1)
         return cls(eos_token_id, columns, longer_than, flat, id_start, np.array(sorted(empty), dtype=np.int64),
                    singles, all(_whole_characters(t) for t, _ in kept), vocab_size)
+
+    _ARRAYS = ("columns", "longer_than", "ids", "id_start", "empty_ids")
+
+    def to_bytes(self) -> bytes:
+        """A self-describing layout (a JSON header, then raw arrays) for the grammar store: never pickle."""
+        arrays = [np.ascontiguousarray(getattr(self, name)) for name in self._ARRAYS]
+        header = {"eos": self.eos_token_id, "singles": sorted(self.single_bytes), "whole": self.whole_characters,
+                  "vocab_size": self.vocab_size,
+                  "arrays": [[name, a.dtype.str, list(a.shape)] for name, a in zip(self._ARRAYS, arrays)]}
+        head = json.dumps(header).encode()
+        return b"".join([_TABLE_MAGIC, len(head).to_bytes(4, "little"), head, *(a.tobytes() for a in arrays)])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TokenTable:
+        """The table :meth:`to_bytes` wrote; ``ValueError`` for anything else (a miss for the store's reader)."""
+        if not data.startswith(_TABLE_MAGIC):
+            raise ValueError("not a token table")
+        at = len(_TABLE_MAGIC) + 4
+        size = int.from_bytes(data[len(_TABLE_MAGIC):at], "little")
+        header = json.loads(data[at:at + size])
+        at += size
+        arrays = {}
+        for name, dtype, shape in header["arrays"]:
+            if name not in cls._ARRAYS or np.dtype(dtype).kind not in "iu":
+                raise ValueError(f"token table: unexpected array {name} {dtype}")
+            count = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            if at + count > len(data):
+                raise ValueError("token table: cut short")
+            arrays[name] = np.frombuffer(data, dtype=dtype, count=count // np.dtype(dtype).itemsize,
+                                         offset=at).reshape(shape)
+            at += count
+        if at != len(data) or set(arrays) != set(cls._ARRAYS):
+            raise ValueError("token table: wrong length or arrays")
+        table = cls(int(header["eos"]), arrays["columns"], arrays["longer_than"], arrays["ids"], arrays["id_start"],
+                    arrays["empty_ids"], frozenset(int(b) for b in header["singles"]), bool(header["whole"]),
+                    int(header["vocab_size"]))
+        width, count = table.columns.shape
+        if len(table.longer_than) != width or len(table.id_start) != count + 1 or \
+                (count and (table.id_start[-1] != len(table.ids) or table.longer_than[0] != count)):
+            raise ValueError("token table: inconsistent arrays")
+        return table
+
+
+_TABLE_MAGIC = b"OMCTT1\x00\x00"
 
 
 def _whole_characters(token: bytes) -> bool:

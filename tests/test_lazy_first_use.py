@@ -223,3 +223,14 @@ def test_with_the_compile_guard_the_byte_level_indexes_are_built_in_its_worker(b
     pair = Lockstep(full, "numpy", cached_index=processor.index)
     walk(full, gpt2_tokenizer().eos_token_id, np.random.default_rng(4), batch=3, steps=25,
          width=len(gpt2_tokenizer()), library="numpy", lockstep=pair)
+
+
+def test_the_token_table_is_stored_beside_the_vocabulary(backend):
+    mc.configure(lazy_index=True)
+    backend.get_regex_logits_processor("[a-c]{2,5}v")
+    lazy_compile.settle()
+    hits = mc.stats()["store"]["hits"]
+    lazy_compile.LAZY.tables.clear()  # what a new process starts with
+    own, source = backend.__dict__["_outlines_maskcache_vocabulary"]
+    table = lazy_compile._table(source)
+    assert mc.stats()["store"]["hits"] == hits + 1 and table.vocab_size > 50_000

@@ -239,3 +239,24 @@ def test_rows_are_built_once_and_counted():
     done = lazy.next_state(lazy.next_state(lazy.initial_state, 5), 2)
     assert done is not None and lazy.is_final_state(done)
     assert lazy.allowed_tokens(done) == [9] and lazy.next_state(done, 9) is None  # EOS: allowed, no next state
+
+
+def test_the_token_table_round_trips_through_its_own_layout_and_rejects_others():
+    import numpy as np
+
+    vocabulary = Vocabulary(40, {c: [i] for i, c in enumerate("abcé")} | {"ab": [33, 34]})
+    vocabulary.insert(b"\xc3", 35)
+    table = TokenTable.of(*core.vocabulary_tokens(vocabulary))
+    data = table.to_bytes()
+    again = TokenTable.from_bytes(data)
+    for name in TokenTable._ARRAYS:
+        assert np.array_equal(getattr(table, name), getattr(again, name)), name
+    assert (again.single_bytes, again.whole_characters, again.vocab_size, again.eos_token_id) == \
+        (table.single_bytes, False, len(vocabulary), 40)
+    regex = "(ab|c)+é?"
+    assert assert_equal_to_full(core.lazy_index(regex, vocabulary, again), Index(regex, vocabulary)) > 0
+    import pickle
+
+    for bad in (data[:-1], data + b"x", b"X" + data[1:], data[:12], pickle.dumps(table.ids)):
+        with pytest.raises(ValueError):
+            TokenTable.from_bytes(bad)
