@@ -180,5 +180,17 @@ def precompile(tokenizer: Any, schemas: Iterable[Any], *, workers: int | None = 
         else:
             raise TypeError(f"cannot compile {type(item).__name__}: pass schemas as dicts, JSON strings or paths")
     vocabulary, vocab_key = outlines_vocabulary(tokenizer)
-    return compile_all(grammars, vocabulary, vocab_key, workers=workers or max(1, (os.cpu_count() or 2) // 2),
-                       timeout=timeout, max_bytes=max_bytes, progress=progress)
+    report = compile_all(grammars, vocabulary, vocab_key, workers=workers or max(1, (os.cpu_count() or 2) // 2),
+                         timeout=timeout, max_bytes=max_bytes, progress=progress)
+    if _has_python_index():  # the lazy Index's token table, so a new process need not build it
+        from outlines_maskcache.lazy_compile import store_token_table
+
+        store_token_table(vocabulary)
+    RUNTIME.settle()  # the vocabulary's (and table's) store writes run on a background thread
+    return report
+
+
+def _has_python_index() -> bool:
+    import outlines_core
+
+    return hasattr(outlines_core, "Index")

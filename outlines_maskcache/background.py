@@ -1,12 +1,12 @@
-"""One daemon thread for work that must stay off the decode path: store writes and full compiles behind lazy Indexes.
+"""Daemon threads for work that must stay off the decode path: store writes, and full compiles behind lazy Indexes.
 
 Stock outlines pays nothing for a grammar store or a hand-over, so neither
 may delay a first mask: what a caller submits here runs after it returns,
-in submission order.  A daemon thread (not an executor, whose threads the
-interpreter joins at exit) so that a process never waits at exit for a
-compile nobody needs any more; what is lost then is a cache entry, and the
-store's writes are atomic.  ``drain`` waits for the queue (tests,
-``uninstall()``, benchmarks that read the store right after a compile).
+in submission order.  Daemon threads rather than an executor: the runtime
+decides what exit waits for (``Runtime.settle``: the compiles a script
+started, then the store writes, so that its next run finds them; stock
+would have paid those compiles before its first mask anyway).  ``drain``
+waits for a queue (tests, ``uninstall()``, ``precompile``, exit).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ log = logging.getLogger("outlines_maskcache")
 
 
 class Background:
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self._queue: queue.Queue[tuple[str, Callable[[], Any]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -35,7 +36,7 @@ class Background:
         """Run *work* later on the background thread; *what* names it in the log if it raises."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="outlines_maskcache-background", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=f"outlines_maskcache-{self.name}", daemon=True)
                 self._thread.start()
             self._submitted += 1
         self._queue.put((what, work))

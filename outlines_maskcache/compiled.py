@@ -94,7 +94,7 @@ def stored(kind: str, parts: tuple, build: Callable[[], T], load: Callable[[byte
             RUNTIME.fault(f"store write {kind}", err)
 
     # Serialising and writing (tens of MB for a large Index) is not on the path of the first mask.
-    RUNTIME.background.submit(f"store write {kind}", save)
+    RUNTIME.writes.submit(f"store write {kind}", save)
     return value
 
 

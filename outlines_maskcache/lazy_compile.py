@@ -209,4 +209,10 @@ def guide_factory(stock_guide: Any) -> Callable[..., Any]:
 
 def settle(timeout: float | None = None) -> bool:
     """Wait for the background work (full compiles and their hand-overs, store writes); False on *timeout*."""
-    return RUNTIME.background.drain(timeout)
+    return RUNTIME.settle(timeout)
+
+
+def store_token_table(vocabulary: Any) -> None:
+    """Build (or load) *vocabulary*'s token table now, so that it is in the store: the deploy step's part of the lazy Index."""
+    if core.is_vocabulary_key(RUNTIME.fingerprint(vocabulary)):
+        _table(vocabulary)

@@ -123,7 +123,7 @@ def uninstall() -> None:
     Full compiles still running behind lazy Indexes finish first, so every
     processor holds outlines_core's own Index afterwards.
     """
-    RUNTIME.background.drain()
+    RUNTIME.settle()
     with _lock:
         for name in list(_applied):
             _restore(_applied.pop(name))

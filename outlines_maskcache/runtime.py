@@ -12,6 +12,7 @@ tensor, and re-makes every lock a parent thread may have held.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import logging
@@ -59,8 +60,9 @@ class Runtime:
         self._store: tuple[tuple, Store | None] = ((), None)
         #: other per-process state, reached by clear(), reset_stats() and the fork hook
         self._parts: list[Any] = []
-        #: store writes and full compiles behind lazy Indexes, off the decode path
-        self.background = self.own(Background())
+        #: off the decode path: full compiles behind lazy Indexes (abandoned at exit), store writes (finished at exit)
+        self.background = self.own(Background("compiles"))
+        self.writes = self.own(Background("store-writes"))
         #: parts that report in stats(), by the key they report under
         self._reporting: dict[str, Any] = {}
 
@@ -68,6 +70,10 @@ class Runtime:
         """Adopt *part* (see :class:`Part`) so that ``clear``, ``reset_stats`` and the fork hook reach it."""
         self._parts.append(part)
         return part
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait for the background compiles (and their hand-overs), then the store writes; False on *timeout*."""
+        return self.background.drain(timeout) and self.writes.drain(timeout)
 
     def report(self, key: str, part: P) -> P:
         """Adopt *part* (as :meth:`own`) and put its ``snapshot()`` in :meth:`stats` under *key*."""
@@ -167,6 +173,8 @@ class Runtime:
 
 
 RUNTIME = Runtime(settings_from_env())
+# A script's compiles and store writes finish before it exits: its next run finds them in the store.
+atexit.register(RUNTIME.settle)
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=RUNTIME._after_fork)

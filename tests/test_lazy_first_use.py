@@ -55,7 +55,7 @@ def held_back():
     RUNTIME.background.submit("test gate", gate.wait)
     yield gate
     gate.set()
-    RUNTIME.background.drain()
+    RUNTIME.settle()
 
 
 def test_first_processor_is_lazy_equal_to_stock_and_handed_over(backend, held_back):
@@ -118,7 +118,7 @@ def test_off_refused_and_stored_regexes_get_the_full_index(backend):
     assert isinstance(backend.get_regex_logits_processor("((ab)+)$?").index, Index)
     assert mc.stats()["lazy_index"]["refused"] == 1
     # A regex already in the store is loaded, not walked lazily.
-    RUNTIME.background.drain()  # the store write of the first compile
+    RUNTIME.settle()  # the store write of the first compile
     RUNTIME.grammar_memo.clear()
     assert isinstance(backend.get_regex_logits_processor("[0-9]{3}").index, Index)
     assert mc.stats()["lazy_index"]["served"] == 0

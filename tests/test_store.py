@@ -351,13 +351,20 @@ def model(gpt2_outlines_model):
     return gpt2_outlines_model
 
 
+@pytest.fixture(autouse=True)
+def _full_compiles():
+    """These tests count the store's entries (a vocabulary and an Index): no lazy Index, whose token table is a third
+    (tests/test_lazy_first_use.py covers the store with it)."""
+    mc.configure(lazy_index=False)
+
+
 def _processor(model, schema=SCHEMA):
     """The processor, once the background thread is done (a lazy Index handed over, store writes made)."""
     from outlines_maskcache.runtime import RUNTIME
 
     backend = outlines_core_backend.OutlinesCoreBackend(model)
     processor = backend.get_json_schema_logits_processor(json.dumps(schema))
-    RUNTIME.background.drain()
+    RUNTIME.settle()
     return processor
 
 
@@ -470,7 +477,8 @@ _CHILD = textwrap.dedent("""
     from outlines.backends.outlines_core import OutlinesCoreBackend
     sys.path.insert(0, sys.argv[3])
     from support.material import gpt2_tokenizer, tiny_model
-    mc.configure(store=sys.argv[1])
+    # counted: a vocabulary and an Index (no token table), unless the lazy Index is asked for
+    mc.configure(store=sys.argv[1], lazy_index=len(sys.argv) > 4 and sys.argv[4] == "lazy")
     tok = gpt2_tokenizer()
     model = outlines.from_transformers(tiny_model(tok), tok)
     processor = OutlinesCoreBackend(model).get_json_schema_logits_processor(sys.argv[2])
@@ -489,9 +497,9 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _child(root: Path, schema: dict) -> dict:
+def _child(root: Path, schema: dict, *more: str) -> dict:
     here = Path(__file__).resolve().parent
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(root), json.dumps(schema), str(here)],
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(root), json.dumps(schema), str(here), *more],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -510,6 +518,17 @@ def test_a_second_process_compiles_nothing(tmp_path):
     assert first["stats"].get("mask_writes", 0) >= 6
     assert second["stats"].get("mask_writes", 0) == 0, second["stats"]
     assert second["stats"]["persisted_rows"] >= 6
+
+
+def test_a_script_served_lazily_leaves_its_index_for_the_next_run(tmp_path):
+    pytest.importorskip("torch", reason="the child builds a transformers model (torch-free session)")
+    root = tmp_path / "shared"
+    first = _child(root, SCHEMA, "lazy")
+    second = _child(root, SCHEMA, "lazy")
+    assert first["stats"]["lazy_index"]["served"] == 1
+    # Exit waited for the full compile behind the lazy Index and its store write.
+    assert second["stats"]["lazy_index"]["served"] == 0 and second["stats"]["store"]["misses"] == 0
+    assert second["allowed"] == first["allowed"]
 
 
 def test_concurrent_processes_fill_one_store(tmp_path):
@@ -570,7 +589,7 @@ def test_stored_grammars_and_persisted_masks_equal_stock(regex, vocab, seed, bat
         return index
 
     from_store()  # compiles and stores (on the background thread), unless an earlier example did
-    RUNTIME.background.drain()
+    RUNTIME.settle()
     for generation in range(2):  # 0: rows learned (and persisted); 1: a "new process" served from them
         mc.clear()
         before = mc.stats()["store"]["hits"]
