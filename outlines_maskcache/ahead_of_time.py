@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from outlines_maskcache import compiled
+from outlines_maskcache import outlines_core_calls as core
 from outlines_maskcache.guard import CompileFailed, Worker
 from outlines_maskcache.runtime import RUNTIME
 
@@ -182,15 +183,10 @@ def precompile(tokenizer: Any, schemas: Iterable[Any], *, workers: int | None = 
     vocabulary, vocab_key = outlines_vocabulary(tokenizer)
     report = compile_all(grammars, vocabulary, vocab_key, workers=workers or max(1, (os.cpu_count() or 2) // 2),
                          timeout=timeout, max_bytes=max_bytes, progress=progress)
-    if _has_python_index():  # the lazy Index's token table, so a new process need not build it
+    if core.has_python_index():  # the lazy Index's token table, so a new process need not build it
         from outlines_maskcache.lazy_compile import store_token_table
 
         store_token_table(vocabulary)
     RUNTIME.settle()  # the vocabulary's (and table's) store writes run on a background thread
     return report
 
-
-def _has_python_index() -> bool:
-    import outlines_core
-
-    return hasattr(outlines_core, "Index")

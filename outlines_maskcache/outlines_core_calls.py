@@ -49,6 +49,13 @@ def is_own(name: str, obj: Any) -> bool:
     return obj is getattr(outlines_core, name, None)
 
 
+def has_python_index() -> bool:
+    """Whether this outlines_core has the 0.2 line's Python ``Index`` (the 0.1 line has ``RegexGuide`` only)."""
+    import outlines_core
+
+    return hasattr(outlines_core, "Index")
+
+
 # -- compiled objects ------------------------------------------------------------
 
 def new_index(regex: str, vocabulary: Any) -> Any:
