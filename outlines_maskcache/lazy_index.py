@@ -567,10 +567,11 @@ class LazyGuide:
                              "(1, (vocab_size + 31) // 32) and uses 32-bit integers.")
         out = np.ctypeslib.as_array(ctypes.cast(data_ptr, ctypes.POINTER(ctypes.c_uint32)), shape=(numel,))
         row = self.index.row(self._state)
-        out[:] = 0
+        bits = np.zeros(numel * 32, dtype=np.uint8)
         if row is not None and len(row.token_ids):
-            ids = row.token_ids[row.token_ids < numel * 32]
-            np.bitwise_or.at(out, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
+            bits[row.token_ids[row.token_ids < numel * 32]] = 1
+        # little-endian bit order within each byte, then bytes as little-endian words: the Rust layout
+        out[:] = np.packbits(bits, bitorder="little").view("<u4")
 
     def __repr__(self) -> str:
         return f"LazyGuide(state={self._state})"
