@@ -242,6 +242,9 @@ def test_gpu_check_runs_on_cpu_and_compares_real_schemas(tmp_path, monkeypatch):
 
 def test_lazy_bench_packs_rows_as_stock_and_pairs_ratios_per_schema():
     import numpy as np
+
+    if not hasattr(pytest.importorskip("outlines_core"), "Guide"):
+        pytest.skip("outlines_core before 0.2 has no Python Guide")
     from outlines_core import Guide, Index, Vocabulary
 
     from outlines_maskcache.bench import lazy

@@ -27,6 +27,8 @@ if not hasattr(outlines_core, "Index"):
 
 from outlines_core import Index, Vocabulary  # noqa: E402
 
+import outlines_maskcache as mc  # noqa: E402
+
 from outlines_maskcache import outlines_core_calls as core  # noqa: E402
 from outlines_maskcache.lazy_index import LazyIndex, NotExact, TokenTable  # noqa: E402
 from support.strategies import ALPHABET, regexes, vocabularies  # noqa: E402
@@ -176,14 +178,11 @@ def _maskbench_regexes(n: int) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_real_schemas_with_gpt2_as_outlines_converts_it():
-    from outlines_maskcache.ahead_of_time import outlines_vocabulary
-    from outlines_maskcache.bench.material import gpt2_tokenizer
+def test_real_schemas_with_gpt2_as_outlines_converts_it(gpt2_outlines_model):
+    from outlines.backends.outlines_core import OutlinesCoreBackend
 
-    hf = gpt2_tokenizer()
-    if hf is None:
-        pytest.skip("no GPT-2 tokenizer package")
-    vocabulary, _ = outlines_vocabulary(hf)
+    with mc.disabled():  # the installed release's own conversion
+        vocabulary = OutlinesCoreBackend(gpt2_outlines_model).vocabulary
     table = TokenTable.of(*core.vocabulary_tokens(vocabulary))
     schemas = _maskbench_regexes(6)
     assert len(schemas) >= 4

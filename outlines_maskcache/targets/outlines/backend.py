@@ -327,7 +327,9 @@ def transformers_vocabulary(hf_tokenizer: Any, convert: Callable[..., Any]) -> t
 
     convert = getattr(convert, "__func__", convert)
     tok = TransformerTokenizer(hf_tokenizer)
-    args: tuple = (tok.get_vocab(), tok.eos_token_id, tok.eos_token)
+    # 1.2.0's backend reads the Hugging Face tokenizer's get_vocab() (its TransformerTokenizer has none)
+    vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else hf_tokenizer.get_vocab()
+    args: tuple = (vocab, tok.eos_token_id, tok.eos_token)
     if "token_to_str" in inspect.signature(convert).parameters:
         args += (tok.convert_token_to_string,)
     version = str(Version(importlib.metadata.version("outlines")))
