@@ -28,6 +28,8 @@ if not hasattr(outlines_core, "Index"):
 from outlines_core import Index, Vocabulary  # noqa: E402
 
 import outlines_maskcache as mc  # noqa: E402
+from packaging.version import Version  # noqa: E402
+from support.versions import outlines_version  # noqa: E402
 
 from outlines_maskcache import outlines_core_calls as core  # noqa: E402
 from outlines_maskcache.lazy_index import LazyIndex, NotExact, TokenTable  # noqa: E402
@@ -186,13 +188,22 @@ def test_real_schemas_with_gpt2_as_outlines_converts_it(gpt2_outlines_model):
     table = TokenTable.of(*core.vocabulary_tokens(vocabulary))
     schemas = _maskbench_regexes(6)
     assert len(schemas) >= 4
-    states = entries = 0
+    states = entries = refused = 0
     for name, regex in schemas:
         full = Index(regex, vocabulary)
-        lazy = core.lazy_index(regex, vocabulary, table)
+        try:
+            lazy = core.lazy_index(regex, vocabulary, table)
+        except NotExact as why:
+            # outlines 1.2.0 converts GPT-2's vocabulary without decoding its byte-level symbols (no
+            # token_to_str before 1.2.1): characters such as a plain space are no token of it, so some states
+            # have none, and the lazy Index is refused (stock 0.2.11 compiles an Index with dead ends there).
+            assert "no token of this vocabulary" in str(why), (name, why)
+            refused += 1
+            continue
         entries += assert_equal_to_full(lazy, full)
         states += len(full.get_transitions())
-    assert states > 100 and entries > 10_000
+    if outlines_version() >= Version("1.2.1"):  # tokens are what they decode to: every schema is lazy
+        assert refused == 0 and states > 100 and entries > 10_000
 
 
 class _Reduced:
