@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -29,7 +30,8 @@ import numpy as np
 from outlines_maskcache import compiled
 from outlines_maskcache import outlines_core_calls as core
 from outlines_maskcache.fingerprint import Memo
-from outlines_maskcache.lazy_index import LazyGuide, LazyIndex, LazyStats, NotExact, TokenTable
+from outlines_maskcache.lazy_index import LazyGuide, LazyIndex, LazyStats, NotExact, StateTokens, TokenTable
+from outlines_maskcache.persisted_masks import PERSISTED
 from outlines_maskcache.runtime import RUNTIME
 from outlines_maskcache.versions import LAZY_INDEX_PROVEN
 
@@ -45,6 +47,8 @@ class LazyCompiles:
     def __init__(self) -> None:
         self.tables = Memo(4)
         self.rows = LazyStats()
+        #: lazy Index -> other cache names whose rows it computed (vLLM's grammar fingerprints)
+        self.aliases: weakref.WeakKeyDictionary[LazyIndex, set[str]] = weakref.WeakKeyDictionary()
         self.lock = threading.Lock()
         self.broken: str | None = None
         self.reset_counters()
@@ -69,6 +73,7 @@ class LazyCompiles:
 
     def after_fork(self) -> None:
         self.tables.after_fork()
+        self.aliases = weakref.WeakKeyDictionary(self.aliases)
         self.lock = threading.Lock()
         self.rows.lock = threading.Lock()
 
@@ -101,8 +106,12 @@ def _table(vocabulary: Any) -> TokenTable:
             return TokenTable.of(*core.vocabulary_tokens(vocabulary))
 
         if not core.is_vocabulary_key(name):
-            return make()
-        return compiled.stored("token-table", (name,), make, TokenTable.from_bytes, TokenTable.to_bytes)
+            table = make()
+        else:
+            table = compiled.stored("token-table", (name,), make, TokenTable.from_bytes, TokenTable.to_bytes)
+        table.by_prefix()  # its order (~10 ms at 128k tokens) belongs to the background build, not a first mask
+        import numpy.ma  # noqa: F401 - np.unique imports it on first use (~10 ms): here too, not before a first mask
+        return table
 
     return LAZY.tables.get_or_build(name, build)
 
@@ -155,20 +164,38 @@ def follow(processor: Any, index: Any) -> None:
         index.followers.add(processor)
 
 
+def rows_named(index: Any, name: str) -> None:
+    """Rows cached under *name* come from *index*: if it is lazy and its hand-over finds a difference, they go with it.
+
+    For engines that key rows by their own grammar's name rather than the
+    Index's (vLLM).
+    """
+    if isinstance(index, LazyIndex):
+        with LAZY.lock:
+            LAZY.aliases.setdefault(index, set()).add(name)
+
+
 def _hand_over(lazy: LazyIndex, memo_key: Hashable, compile_full: Callable[[], Any]) -> None:
     try:
         full = compile_full()
     except Exception as err:  # noqa: BLE001 - the lazy Index keeps serving exact masks
         LAZY.count("full_failed")
-        log.warning("outlines_maskcache: the full compile behind a lazy Index failed (%s: %s); the lazy Index "
-                    "goes on serving", type(err).__name__, err)
+        # At exit an engine may refuse the compile (vLLM's executor is shut down): nothing is lost but the store entry.
+        log.log(logging.DEBUG if RUNTIME.exiting else logging.WARNING,
+                "outlines_maskcache: the full compile behind a lazy Index failed (%s: %s); the lazy Index "
+                "goes on serving", type(err).__name__, err)
         return
     difference = _first_difference(lazy, full)
     name = RUNTIME.fingerprint(lazy)
     if difference is not None:
         LAZY.broken = f"a lazy row differed from the full Index ({difference})"
         log.error("outlines_maskcache: %s; lazy Indexes are off for this process", LAZY.broken)
-        RUNTIME.cache.drop(name)
+        with LAZY.lock:
+            names = {name, *LAZY.aliases.pop(lazy, ())}
+        lazy.adopt(lambda state: _full_row(full, state), full.get_final_states())
+        RUNTIME.cache.drop(names)
+        for served in names:
+            PERSISTED.forget_grammar(served)
     else:
         RUNTIME.grammars.register(full, name)
     RUNTIME.grammar_memo.replace(memo_key, lazy, full)
@@ -176,6 +203,11 @@ def _hand_over(lazy: LazyIndex, memo_key: Hashable, compile_full: Callable[[], A
         if getattr(processor, "index", None) is lazy:
             processor.index = full
             LAZY.count("handed_over")
+
+
+def _full_row(full: Any, state: int) -> StateTokens | None:
+    found = core.index_row(full, state)
+    return None if found is None else StateTokens(*found)
 
 
 def _first_difference(lazy: LazyIndex, full: Any) -> str | None:

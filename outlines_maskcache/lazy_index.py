@@ -52,6 +52,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -88,6 +89,26 @@ class TokenTable:
     whole_characters: bool
     #: outlines_core's ``Vocabulary.len()``: every id of every token, plus one for EOS
     vocab_size: int
+    _first: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def by_prefix(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions ordered by their first two bytes, ascending within a run; offsets of each run): built on first use.
+
+        A run's key is ``256 * b1 + b2`` for tokens of two bytes or more and
+        ``65536 + b1`` for one-byte tokens.
+        """
+        if self._first is None:
+            n, n_long = int(self.longer_than[0]) if len(self.longer_than) else 0, 0
+            keys = np.empty(n, dtype=np.int64)
+            if self.columns.shape[0]:
+                n_long = int(self.longer_than[1]) if len(self.longer_than) > 1 else 0
+                keys[:n_long] = self.columns[0, :n_long].astype(np.int64) * 256
+                if self.columns.shape[0] > 1:
+                    keys[:n_long] += self.columns[1, :n_long]
+                keys[n_long:] = 65536 + self.columns[0, n_long:n].astype(np.int64)
+            order = np.argsort(keys, kind="stable")
+            self._first = (order, np.searchsorted(keys[order], np.arange(65536 + 257)))
+        return self._first
 
     @classmethod
     def of(cls, tokens: Mapping[bytes, Iterable[int]], eos_token_id: int) -> TokenTable:
@@ -189,6 +210,13 @@ def _pending_after(byte: int, pending: int) -> int:
     return -1
 
 
+#: ``_PENDING_AFTER[pending, byte]``: :func:`_pending_after` as a table
+_PENDING_AFTER = np.array([[_pending_after(b, p) for b in range(256)] for p in range(4)], dtype=np.int64)
+
+#: rows at least this long are sorted by a scatter over the id range rather than argsort
+_SCATTER_FROM = 2048
+
+
 @dataclass
 class StateTokens:
     """One state's row of the Index: allowed token ids (ascending, EOS included in a final state) and next states."""
@@ -214,14 +242,13 @@ class LazyStats:
 
 def _edges(transitions: Mapping[int, Mapping[int, int]]) -> np.ndarray:
     """(state, byte, next state) rows of a byte-level Index's transitions (its EOS entries left out)."""
-    parts = []
-    for s, row in transitions.items():
-        part = np.empty((len(row), 3), dtype=np.int64)
-        part[:, 0] = s
-        part[:, 1] = np.fromiter(row.keys(), dtype=np.int64, count=len(row))
-        part[:, 2] = np.fromiter(row.values(), dtype=np.int64, count=len(row))
-        parts.append(part)
-    edges = np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
+    rows = list(transitions.values())
+    counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    total = int(counts.sum())
+    edges = np.empty((total, 3), dtype=np.int64)
+    edges[:, 0] = np.repeat(np.fromiter(transitions.keys(), dtype=np.int64, count=len(rows)), counts)
+    edges[:, 1] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=total)
+    edges[:, 2] = np.fromiter(chain.from_iterable(map(dict.values, rows)), dtype=np.int64, count=total)
     return edges[(edges[:, 1] >= 0) & (edges[:, 1] < 256)]
 
 
@@ -368,6 +395,7 @@ class LazyIndex:
         self._bad[np.searchsorted(ids, orphans)] = True
         self._bad[self._dead] = True
         self._rows: dict[int, StateTokens] = {}
+        self._row_of: Callable[[int], StateTokens | None] | None = None
         self._lock = threading.Lock()
         self._check_stock_compiles()
 
@@ -395,19 +423,21 @@ class LazyIndex:
 
         A breadth-first walk over (state, continuation bytes still expected), one gather per level.
         """
-        after = np.array([[_pending_after(b, p) for b in range(256)] for p in range(4)], dtype=np.int64)
-        seen = np.zeros((self._dead + 1, 4), dtype=bool)
-        states = np.array([self._dense[self.initial_state]], dtype=np.int64)
-        pending = np.zeros(1, dtype=np.int64)
-        seen[states, pending] = True
-        while len(states):
-            nxt, left = self._step[states].astype(np.int64), after[pending]
+        # A pair is 4 * dense state + pending; `stamp` drops repeats in a level without sorting it.
+        seen = np.zeros((self._dead + 1) * 4, dtype=bool)
+        stamp = np.zeros((self._dead + 1) * 4, dtype=np.int64)
+        pairs = np.array([self._dense[self.initial_state] * 4], dtype=np.int64)
+        seen[pairs] = True
+        while len(pairs):
+            nxt, left = self._step[pairs // 4].astype(np.int64), _PENDING_AFTER[pairs % 4]
             keep = (nxt != self._dead) & (left >= 0)
-            pairs = np.unique(nxt[keep] * 4 + left[keep])
-            pairs = pairs[~seen[pairs // 4, pairs % 4]]
-            states, pending = pairs // 4, pairs % 4
-            seen[states, pending] = True
-        return {int(s) for s in self._state_ids[np.nonzero(seen[:, 0])[0]] if s >= 0}
+            pairs = nxt[keep] * 4 + left[keep]
+            pairs = pairs[~seen[pairs]]
+            order = np.arange(len(pairs))
+            stamp[pairs] = order
+            pairs = pairs[stamp[pairs] == order]
+            seen[pairs] = True
+        return {int(s) for s in self._state_ids[np.flatnonzero(seen[::4])] if s >= 0}
 
     @property
     def known_states(self) -> frozenset[int]:
@@ -427,16 +457,32 @@ class LazyIndex:
         found = self._rows.get(state)
         if found is not None:
             return found
-        if state not in self._dense:
+        if self._row_of is None and state not in self._dense:
             return None
         with self._lock:
             found = self._rows.get(state)
             if found is None:
+                if self._row_of is not None:
+                    found = self._row_of(state)
+                    if found is not None:
+                        self._rows[state] = found
+                    return found
                 started = time.perf_counter()
                 found = self._walk(state)
                 self._rows[state] = found
                 self.stats.add(time.perf_counter() - started)
         return found
+
+    def adopt(self, row_of: Callable[[int], StateTokens | None], final_states: Iterable[int]) -> None:
+        """Take every row from *row_of* from now on, forgetting those computed: the way out when a check found a difference.
+
+        Guides already walking this Index (an engine's requests in flight)
+        then follow the other Index at once, without being found one by one.
+        """
+        with self._lock:
+            self._row_of = row_of
+            self.final_states = frozenset(int(s) for s in final_states)
+            self._rows = {}
 
     def allowed_tokens(self, state: int) -> list[int] | None:
         found = self.row(state)
@@ -454,6 +500,27 @@ class LazyIndex:
             return int(found.next_states[at])
         return None
 
+    def _first_survivors(self, start: int) -> np.ndarray:
+        """Positions of the tokens whose first two bytes *start* does not kill, ascending (the walk's cut needs them so).
+
+        Most states allow few two-byte prefixes (JSON's optional space lets
+        through the ~45% of a vocabulary that starts with one, but few of
+        those survive their second byte): gathering those prefixes' runs
+        costs a fraction of stepping all ~128k tokens.
+        """
+        table, step, dead = self._table, self._step, self._dead
+        order, bounds = table.by_prefix()
+        first = np.flatnonzero(step[start] != dead)
+        second = step[step[start, first]] != dead
+        keys = np.concatenate([(first[:, None] * 256 + np.arange(256))[second], 65536 + first])
+        counts = bounds[keys + 1] - bounds[keys]
+        total = int(counts.sum())
+        if total * 4 > len(order):
+            return np.arange(len(order), dtype=np.int64)
+        keys, counts = keys[counts > 0], counts[counts > 0]
+        offsets = np.repeat(bounds[keys] - np.cumsum(counts) + counts, counts)
+        return np.sort(order[offsets + np.arange(total)])
+
     def _walk(self, state: int) -> StateTokens:
         """Every token's bytes from *state* at once: one gather per byte position over the tokens still alive."""
         table, step, dead = self._table, self._step, self._dead
@@ -461,11 +528,13 @@ class LazyIndex:
         ended_at: list[np.ndarray] = []
         ended_in: list[np.ndarray] = []
         if table.columns.shape[0]:
-            at = np.arange(int(table.longer_than[0]), dtype=np.int64)
-            now = step[start, table.columns[0]]
+            at = self._first_survivors(start)
+            now = step[start, table.columns[0, at]]
             for j in range(1, table.columns.shape[0] + 1):
                 alive = now != dead
                 at, now = at[alive], now[alive]
+                if not len(at):  # every token died: no need to look at longer ones
+                    break
                 cut = int(np.searchsorted(at, table.longer_than[j])) if j < len(table.longer_than) else 0
                 good = ~self._bad[now[cut:]]
                 ended_at.append(at[cut:][good])
@@ -487,8 +556,14 @@ class LazyIndex:
             extra_next.append(np.array([state], dtype=np.int64))
         ids = np.concatenate([flat, *extra_ids])
         nexts = np.concatenate([nexts, *extra_next])
-        order = np.argsort(ids, kind="stable")
-        return StateTokens(ids[order], nexts[order])
+        if len(ids) < _SCATTER_FROM:
+            order = np.argsort(ids, kind="stable")
+            return StateTokens(ids[order], nexts[order])
+        # Ids are distinct: a scatter over the id range sorts a dense row in a fraction of argsort's time.
+        by_id = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+        by_id[ids] = nexts
+        sorted_ids = np.flatnonzero(by_id >= 0)
+        return StateTokens(sorted_ids, by_id[sorted_ids])
 
 
 class LazyGuide:

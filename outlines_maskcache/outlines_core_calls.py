@@ -116,6 +116,23 @@ def index_rows(index: Any) -> tuple[dict[int, dict[int, int]], set[int], int]:
     return index.get_transitions(), set(index.get_final_states()), index.get_initial_state()
 
 
+def index_row(index: Any, state: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(allowed token ids ascending, next state of each) of *state* in a full Index; EOS's next state is *state*.
+
+    Stock's own answers, one ``get_next_state`` call per token: slow
+    (tens of ms at 128k tokens), for the rare path that must not trust a
+    lazy row (:meth:`LazyIndex.adopt`).
+    """
+    import numpy as np
+
+    tokens = index.get_allowed_tokens(state)
+    if tokens is None:
+        return None
+    ids = np.unique(np.asarray(tokens, dtype=np.int64))
+    nexts = [index.get_next_state(state, token) for token in ids.tolist()]
+    return ids, np.array([state if n is None else n for n in nexts], dtype=np.int64)
+
+
 def vocabulary_tokens(vocabulary: Any) -> tuple[dict[bytes, list[int]], int]:
     """(token bytes -> ids, EOS id) exactly as outlines_core's ``Vocabulary`` holds them.
 

@@ -160,13 +160,22 @@ class PersistedMasks:
                 log.warning("outlines_maskcache: saving mask rows failed (%s: %s); a restart will be colder",
                             type(err).__name__, err)
 
-    def forget(self, rows: GrammarRows) -> None:
+    def forget(self, rows: GrammarRows, why: str = "a persisted mask row differs from a fresh build") -> None:
         """Drop a grammar whose persisted rows failed verification (here and in the store)."""
         store = RUNTIME.store()
         with self._lock:
             self._grammars.pop((rows.fingerprint, rows.n_words), None)
         if store is not None:
-            store.discard(rows.key(), "a persisted mask row differs from a fresh build")
+            store.discard(rows.key(), why)
+
+    def forget_grammar(self, fingerprint: Any) -> None:
+        """Drop every row width of a grammar whose rows can no longer be trusted (here and in the store)."""
+        with self._lock:
+            doomed = [rows for slot, rows in self._grammars.items() if slot[0] == fingerprint]
+            for rows in doomed:
+                self._due.pop(id(rows), None)
+        for rows in doomed:
+            self.forget(rows, "its rows came from a lazy Index that differed from the full one")
 
     def _save(self, rows: GrammarRows) -> None:
         store = RUNTIME.store()

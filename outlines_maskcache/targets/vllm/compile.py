@@ -9,19 +9,24 @@
 * ``OutlinesBackend._compile_index``: through the one compile path
   (:func:`outlines_maskcache.compiled.memoized` and the store), with
   content keys (the tokenizer's vocabulary, the vLLM version, the regex),
-  so a restarted server loads Indexes instead of compiling them; stock
-  compiles (with its timeout) on a miss.
+  so a restarted server loads Indexes instead of compiling them; a
+  never-seen regex gets a lazy Index (:mod:`outlines_maskcache.lazy_compile`)
+  while stock compiles (with its timeout) behind it.
+* the module's ``oc`` (outlines_core, which vLLM loads lazily): the same
+  module, but its ``Guide`` also takes a lazy Index.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Callable
 
-from outlines_maskcache import compiled
+from outlines_maskcache import compiled, lazy_compile
 from outlines_maskcache import outlines_core_calls as core
 from outlines_maskcache.contract import Patch
 from outlines_maskcache.fingerprint import LOCAL_PREFIX, digest
 from outlines_maskcache.gate import when_active
+from outlines_maskcache.lazy_index import LazyGuide
 from outlines_maskcache.runtime import RUNTIME
 from outlines_maskcache.targets.vllm.quiet_guide import QuietGuide
 
@@ -68,7 +73,29 @@ def vocabulary_key(backend: Any, vocabulary: Any, vllm_version: str) -> str:
     return key
 
 
-def patches(backend_cls: type, vllm_version: str) -> list[Patch]:
+class GuideTakingLazyIndexes:
+    """vLLM's ``oc`` (outlines_core behind vLLM's ``LazyLoader``), whose ``Guide`` also takes a lazy Index.
+
+    vLLM builds each grammar's guide with ``oc.Guide(index, ...)`` inside
+    ``compile_grammar``; a stand-in for that one name keeps every other line
+    of vLLM's stock.
+    """
+
+    def __init__(self, stock: ModuleType) -> None:
+        self._stock = stock
+        self._guide: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._stock, name)
+        if name != "Guide":
+            return value
+        if self._guide is None or self._guide.__wrapped__ is not value:
+            self._guide = lazy_compile.guide_factory(value)
+            self._guide.__wrapped__ = value
+        return self._guide
+
+
+def patches(module: Any, backend_cls: type, vllm_version: str) -> list[Patch]:
     stock_compile = backend_cls.__dict__["compile_grammar"]
     stock_index = backend_cls.__dict__.get("_compile_index")
 
@@ -76,30 +103,50 @@ def patches(backend_cls: type, vllm_version: str) -> list[Patch]:
     def compile_grammar(self: Any, request_type: Any, grammar_spec: str, *args: Any, **kwargs: Any) -> Any:
         grammar = stock_compile(self, request_type, grammar_spec, *args, **kwargs)
         try:
-            setattr(grammar, FINGERPRINT, grammar_fingerprint(self, request_type, grammar_spec))
-            if RUNTIME.settings.quiet_advance and type(grammar.guide).__name__ == "Guide":
-                grammar.guide = QuietGuide(grammar.guide)
+            fingerprint = grammar_fingerprint(self, request_type, grammar_spec)
+            setattr(grammar, FINGERPRINT, fingerprint)
+            guide = grammar.guide
+            if isinstance(guide, LazyGuide):
+                lazy_compile.rows_named(guide.index, fingerprint)
+            if RUNTIME.settings.quiet_advance and (type(guide).__name__ == "Guide" or isinstance(guide, LazyGuide)):
+                grammar.guide = QuietGuide(guide)
                 RUNTIME.cache.count("quiet_guides")
         except Exception as err:  # noqa: BLE001 - an untagged grammar is simply filled by stock
             RUNTIME.fault("vllm-v1 compile_grammar", err)
         return grammar
 
     found = [Patch(backend_cls, "compile_grammar", compile_grammar)]
-    if stock_index is None:  # only the store depends on it
+    if stock_index is None:  # the store and the lazy Index depend on it
         return found
 
     def compile_index(self: Any, regex_string: str, vocabulary: Any) -> Any:
         stock: Callable[[], Any] = lambda: stock_index(self, regex_string, vocabulary)  # noqa: E731
-        if not RUNTIME.active() or RUNTIME.store() is None:
+        content = RUNTIME.store() is not None
+        if not RUNTIME.active() or not (content or lazy_compile.enabled()[0]):
             return stock()
+        parts: list[tuple] = []
+
         def key() -> tuple:  # the vocabulary's key is computed once, then read from the registry
-            return ("vllm-index", vocabulary_key(self, vocabulary, vllm_version), regex_string)
+            vocab = vocabulary_key(self, vocabulary, vllm_version) if content else RUNTIME.fingerprint(vocabulary)
+            parts.append(("vllm-index", vocab, regex_string))
+            return parts[-1]
+
+        def full() -> Any:
+            if not content:
+                return stock()
+            return compiled.stored("index", parts[-1][1:], stock, core.load_index)
 
         return compiled.memoized(
             "vllm-v1 vocabulary key", key,
-            lambda: compiled.stored("index", key()[1:], stock, core.load_index),
-            stock, content=True,
+            lambda: lazy_compile.index_for(regex_string, vocabulary.inner, parts[-1][1] if content else None,
+                                           parts[-1], full),
+            stock, content=content,
         )
 
     found.append(Patch(backend_cls, "_compile_index", compile_index))
+    if "oc" in vars(module):
+        # vLLM's LazyLoader puts the real module in its place on first use, which would drop a stand-in
+        # set over the loader: load it now (vLLM's first compile would), and stand in for the module.
+        getattr(vars(module)["oc"], "Guide")
+        found.append(Patch(module, "oc", GuideTakingLazyIndexes(vars(module)["oc"])))
     return found
