@@ -109,7 +109,8 @@ def _table(vocabulary: Any) -> TokenTable:
             table = make()
         else:
             table = compiled.stored("token-table", (name,), make, TokenTable.from_bytes, TokenTable.to_bytes)
-        table.by_prefix()  # its order (~10 ms at 128k tokens) belongs to the background build, not a first mask
+        table.by_prefix()  # its orders (~10 ms at 128k tokens) belong to the background build, not a first mask
+        table.first_ids()
         import numpy.ma  # noqa: F401 - np.unique imports it on first use (~10 ms): here too, not before a first mask
         return table
 

@@ -90,6 +90,14 @@ class TokenTable:
     #: outlines_core's ``Vocabulary.len()``: every id of every token, plus one for EOS
     vocab_size: int
     _first: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+    _one_id: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def first_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each position's first id, whether it has more): nearly every token has one id, so rows skip the general expansion."""
+        if self._one_id is None:
+            counts = np.diff(self.id_start)
+            self._one_id = (self.ids[self.id_start[:-1]] if len(counts) else np.empty(0, np.int64), counts != 1)
+        return self._one_id
 
     def by_prefix(self) -> tuple[np.ndarray, np.ndarray]:
         """(positions ordered by their first two bytes, ascending within a run; offsets of each run): built on first use.
@@ -390,6 +398,8 @@ class LazyIndex:
         step = np.full((len(states) + 1, 256), self._dead, dtype=np.int32)
         step[np.searchsorted(ids, edges[:, 0]), edges[:, 1]] = np.searchsorted(ids, edges[:, 2])
         self._step = step
+        #: ``_steps[256 * s + b]`` is ``256 * step[s, b]``: the walk's one-gather step
+        self._steps = (step * 256).ravel()
         #: states a token may cross but not end in (the orphans, which fail the end-of-token check), and the dead one
         self._bad = np.zeros(len(states) + 1, dtype=bool)
         self._bad[np.searchsorted(ids, orphans)] = True
@@ -522,35 +532,55 @@ class LazyIndex:
         return np.sort(order[offsets + np.arange(total)])
 
     def _walk(self, state: int) -> StateTokens:
-        """Every token's bytes from *state* at once: one gather per byte position over the tokens still alive."""
-        table, step, dead = self._table, self._step, self._dead
+        """Every token's bytes from *state* at once: one gather per byte position over the tokens still alive.
+
+        States are carried as ``256 * dense id`` so one step is an add and a
+        gather (``_steps``).  Dead tokens stay in the arrays (the dead state
+        steps to itself and fails the end check) until a quarter of them are
+        dead: in a dense state (free text) few die, and while none has been
+        dropped the positions are ``0..n`` and each byte column is a slice.
+        """
+        table, steps, dead = self._table, self._steps, self._dead * 256
+        columns, longer_than = table.columns, table.longer_than
         start = self._dense[state]
         ended_at: list[np.ndarray] = []
         ended_in: list[np.ndarray] = []
-        if table.columns.shape[0]:
+        if columns.shape[0]:
             at = self._first_survivors(start)
-            now = step[start, table.columns[0, at]]
-            for j in range(1, table.columns.shape[0] + 1):
-                alive = now != dead
-                at, now = at[alive], now[alive]
-                if not len(at):  # every token died: no need to look at longer ones
-                    break
-                cut = int(np.searchsorted(at, table.longer_than[j])) if j < len(table.longer_than) else 0
-                good = ~self._bad[now[cut:]]
+            whole = len(at) == int(longer_than[0])  # then at is 0..n-1
+            now = steps[(columns[0, : len(at)] if whole else columns[0, at]).astype(np.int32) + start * 256]
+            for j in range(1, columns.shape[0] + 1):
+                if not whole or j == 2:  # a dense walk looks once, after two bytes
+                    alive = now != dead
+                    n_alive = int(np.count_nonzero(alive))
+                    if not n_alive:  # every token died: no need to look at longer ones
+                        break
+                    if n_alive * 4 < len(now) * 3:
+                        at, now, whole = at[alive], now[alive], False
+                if j >= len(longer_than):
+                    cut = 0
+                else:
+                    cut = int(longer_than[j]) if whole else int(np.searchsorted(at, longer_than[j]))
+                ends = now[cut:] >> 8
+                good = ~self._bad[ends]
                 ended_at.append(at[cut:][good])
-                ended_in.append(now[cut:][good])
+                ended_in.append(ends[good])
                 if cut == 0:
                     break
                 at, now = at[:cut], now[:cut]
-                now = step[now, table.columns[j, at]]
+                now = steps[now + (columns[j, :cut] if whole else columns[j, at])]
         positions = np.concatenate(ended_at) if ended_at else np.empty(0, dtype=np.int64)
         dense_next = np.concatenate(ended_in) if ended_in else np.empty(0, dtype=np.int32)
-        counts = table.id_start[positions + 1] - table.id_start[positions]
-        firsts = np.repeat(table.id_start[positions] - np.cumsum(counts) + counts, counts)
-        flat = table.ids[firsts + np.arange(int(counts.sum()))]
-        nexts = np.repeat(self._state_ids[dense_next], counts)
+        first_id, several = table.first_ids()
+        flat, nexts = first_id[positions], self._state_ids[dense_next]
         extra_ids = [table.empty_ids]  # an empty token ends where it starts: allowed (the state is good)
         extra_next = [np.full(len(table.empty_ids), state, dtype=np.int64)]
+        more = np.flatnonzero(several[positions])
+        if len(more):  # the few tokens with several ids: the rest of their ids
+            at_more = positions[more]
+            starts, counts = table.id_start[at_more] + 1, table.id_start[at_more + 1] - table.id_start[at_more] - 1
+            extra_ids.append(table.ids[np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))])
+            extra_next.append(np.repeat(nexts[more], counts))
         if state in self.final_states:
             extra_ids.append(np.array([self.eos_token_id], dtype=np.int64))
             extra_next.append(np.array([state], dtype=np.int64))
