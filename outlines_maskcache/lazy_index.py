@@ -59,6 +59,8 @@ import numpy as np
 
 #: a byte-level DFA with more states than this is refused (its table is states x 256 int32)
 MAX_BYTE_STATES = 1 << 16
+#: and at most this many byte edges: its transitions as Python dicts cost ~100 bytes an edge
+MAX_BYTE_EDGES = 1 << 22
 
 
 class NotExact(ValueError):

