@@ -138,6 +138,10 @@ def test_inline_guard_compiles_in_a_child_and_reports_timeouts(model, tmp_path):
     processor = outlines_core_backend.OutlinesCoreBackend(model).get_json_schema_logits_processor(json.dumps(SCHEMA))
     with mc.disabled():
         stock = outlines_core_backend.OutlinesCoreBackend(model).get_json_schema_logits_processor(json.dumps(SCHEMA))
+    from outlines_maskcache.runtime import RUNTIME
+
+    RUNTIME.settle()  # a lazy Index, if one was served first, is handed the guarded compile's Index
+    assert isinstance(processor.index, Index), type(processor.index)
     _same_walks(processor.index, stock.index)
     # With the lazy Index on, a full compile past its limit is not raised: the lazy Index goes on
     # serving (tests/test_lazy_first_use.py).  Off, the guard's error reaches the caller.
