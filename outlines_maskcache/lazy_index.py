@@ -59,8 +59,9 @@ import numpy as np
 
 #: a byte-level DFA with more states than this is refused (its table is states x 256 int32)
 MAX_BYTE_STATES = 1 << 16
-#: and at most this many byte edges: its transitions as Python dicts cost ~100 bytes an edge
-MAX_BYTE_EDGES = 1 << 22
+#: and at most this many bytes of serialised byte-level Index (bincode's varints: ~4 bytes an edge); its
+#: transitions read as Python dicts cost ~100 bytes an edge
+MAX_BYTE_INDEX_BYTES = 32 << 20
 
 
 class NotExact(ValueError):

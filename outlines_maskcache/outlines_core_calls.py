@@ -208,17 +208,16 @@ def lazy_index(regex: str, vocabulary: Any, table: Any = None, stats: Any = None
     *compile* ``(regex, vocabulary, name) -> Index`` to build the byte-level
     and probe Indexes elsewhere (the compile guard's worker).
     """
-    from outlines_maskcache.lazy_index import MAX_BYTE_EDGES, LazyIndex, NotExact, TokenTable
+    from outlines_maskcache.lazy_index import MAX_BYTE_INDEX_BYTES, LazyIndex, NotExact, TokenTable
 
     if table is None:
         table = TokenTable.of(*vocabulary_tokens(vocabulary))
     build = compile or (lambda r, v, _name: new_index(r, v))
     byte = build(regex, _byte_vocabulary([]), "lazy:bytes")
-    # Sized before its transitions become Python dicts (gigabytes for a DFA of 10^5+ states): in
-    # bincode each (byte, next state) entry is 8 bytes.
-    edges = len(binary_of(byte)) // 8
-    if edges > MAX_BYTE_EDGES:
-        raise NotExact(f"the byte-level DFA has about {edges:,} edges (> {MAX_BYTE_EDGES:,})")
+    # Sized before its transitions become Python dicts (gigabytes for a DFA of 10^5+ states).
+    size = len(binary_of(byte))
+    if size > MAX_BYTE_INDEX_BYTES:
+        raise NotExact(f"the byte-level DFA has a {size / 2**20:,.0f} MiB Index (> {MAX_BYTE_INDEX_BYTES >> 20} MiB)")
     return LazyIndex(*index_rows(byte), table, stats=stats, probe=functools.partial(_probe_transitions, regex, build))
 
 
