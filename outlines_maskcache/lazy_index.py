@@ -358,6 +358,41 @@ def looks_around(regex: str) -> bool:
     return False
 
 
+#: largest id range (after dividing by the stride) that :class:`_DenseIds` maps with a presence array
+_PRESENCE_RANGE = 1 << 20
+
+
+class _DenseIds:
+    """Sorted distinct state ids and each id's position among them.
+
+    outlines_core's state ids are regex_automata's premultiplied ones
+    (multiples of the DFA's stride), so dividing by their common stride
+    gives a small range that a presence array turns into sorted positions
+    without sorting; ids without such a range take ``np.unique``.
+    """
+
+    def __init__(self, ids: np.ndarray) -> None:
+        ids = ids.astype(np.int64, copy=False)
+        stride = int(np.gcd.reduce(ids)) if len(ids) else 1
+        top = int(ids.max()) // max(stride, 1) if len(ids) else 0
+        if stride > 0 and ids.min() >= 0 and top < _PRESENCE_RANGE:
+            present = np.zeros(top + 1, dtype=bool)
+            present[ids // stride] = True
+            self.ids = np.flatnonzero(present) * stride
+            self._position = np.cumsum(present, dtype=np.int32) - 1
+            self._stride = stride
+        else:
+            self.ids = np.unique(ids)
+            self._position = None
+            self._stride = 0
+
+    def of(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of *ids* (each one of the ids given at construction)."""
+        if self._position is None:
+            return np.searchsorted(self.ids, ids)
+        return self._position[ids // self._stride]
+
+
 class LazyIndex:
     """outlines_core 0.2's ``Index`` over a vocabulary, each state's row computed when first asked for.
 
@@ -381,32 +416,38 @@ class LazyIndex:
         self._table = table
         self.stats = stats if stats is not None else LazyStats()
         edges = _edges(transitions)
-        targets = np.unique(edges[:, 2])
-        orphans = np.setdiff1d(np.fromiter(transitions, dtype=np.int64, count=len(transitions)),
-                               np.append(targets, self.initial_state))
+        keys = np.fromiter(transitions, dtype=np.int64, count=len(transitions))
+        finals = np.fromiter(self.final_states, dtype=np.int64, count=len(self.final_states))
+        dense = _DenseIds(np.concatenate([keys, edges[:, 2], finals, [self.initial_state]]))
+        entered = np.zeros(len(dense.ids), dtype=bool)
+        entered[dense.of(edges[:, 2])] = True
+        entered[dense.of(np.array([self.initial_state]))] = True
+        orphans = keys[~entered[dense.of(keys)]]
         if len(orphans):
             if probe is None:
                 raise NotExact(f"{len(orphans)} DFA state(s) are entered only right after a complete match "
                                f"(e.g. {orphans.min()}); tokens that cross them are invisible to a byte-level walk")
             edges = np.concatenate([edges, _edges_into(orphans, transitions, probe)])
-        ids = np.unique(np.concatenate([edges[:, 0], targets, orphans, np.fromiter(self.final_states, dtype=np.int64),
-                                        [self.initial_state]]))
-        if len(ids) > MAX_BYTE_STATES:
-            raise NotExact(f"the byte-level DFA has {len(ids)} states (> {MAX_BYTE_STATES})")
-        states = ids.tolist()
+            dense = _DenseIds(np.concatenate([dense.ids, edges[:, 0], edges[:, 2]]))
+        if len(dense.ids) > MAX_BYTE_STATES:
+            raise NotExact(f"the byte-level DFA has {len(dense.ids)} states (> {MAX_BYTE_STATES})")
+        states = dense.ids.tolist()
         #: dense position of each state id; row len(states) is the dead state
-        self._dense = {s: i for i, s in enumerate(states)}
-        self._state_ids = np.array(states + [-1], dtype=np.int64)
+        self._dense = dict(zip(states, range(len(states))))
+        self._state_ids = np.append(dense.ids, -1)
         self._dead = len(states)
+        sources, targets = dense.of(edges[:, 0]), dense.of(edges[:, 2])
         step = np.full((len(states) + 1, 256), self._dead, dtype=np.int32)
-        step[np.searchsorted(ids, edges[:, 0]), edges[:, 1]] = np.searchsorted(ids, edges[:, 2])
+        step[sources, edges[:, 1]] = targets
         self._step = step
         #: ``_steps[256 * s + b]`` is ``256 * step[s, b]``: the walk's one-gather step
         self._steps = (step * 256).ravel()
         #: states a token may cross but not end in (the orphans, which fail the end-of-token check), and the dead one
         self._bad = np.zeros(len(states) + 1, dtype=bool)
-        self._bad[np.searchsorted(ids, orphans)] = True
+        self._bad[dense.of(orphans)] = True
         self._bad[self._dead] = True
+        self._final = np.zeros(len(states) + 1, dtype=bool)
+        self._final[dense.of(finals)] = True
         self._rows: dict[int, StateTokens] = {}
         self._row_of: Callable[[int], StateTokens | None] | None = None
         self._lock = threading.Lock()
@@ -419,22 +460,28 @@ class LazyIndex:
         others (mid-character states of a vocabulary without lone bytes, say)
         get their rows computed now, and kept.
         """
-        singles = np.array(sorted(self._table.single_bytes), dtype=np.int64)
-        reachable = self._character_boundaries() if self._table.whole_characters else self._dense
-        open_states = [s for s in reachable if s not in self.final_states and not self._bad[self._dense[s]]]
-        if not open_states:
+        if self._table.whole_characters:
+            reachable = self._character_boundaries()
+        else:
+            reachable = np.ones(self._dead + 1, dtype=bool)
+        open_states = np.flatnonzero(reachable[:-1] & ~self._final[:-1] & ~self._bad[:-1])
+        if not len(open_states):
             return
-        rows = self._step[[self._dense[s] for s in open_states]]
-        cleared = (~self._bad[rows[:, singles]]).any(axis=1) if len(singles) else np.zeros(len(rows), dtype=bool)
-        for state, ok in zip(open_states, cleared.tolist()):
-            if not ok and not len(self.row(state).token_ids):
+        singles = np.array(sorted(self._table.single_bytes), dtype=np.int64)
+        if len(singles):
+            cleared = (~self._bad[self._step[open_states[:, None], singles[None, :]]]).any(axis=1)
+            open_states = open_states[~cleared]
+        for state in self._state_ids[open_states].tolist():
+            if not len(self.row(state).token_ids):
                 raise NotExact(f"state {state} has no token of this vocabulary: stock's compile may fail "
                                "(IncompatibleVocabulary); only the full compile can tell")
 
-    def _character_boundaries(self) -> set[int]:
-        """The states reached from the start by whole UTF-8 characters: all a vocabulary of whole characters reaches.
+    def _character_boundaries(self) -> np.ndarray:
+        """Which dense states the start reaches by whole UTF-8 characters: all a vocabulary of whole characters reaches.
 
-        A breadth-first walk over (state, continuation bytes still expected), one gather per level.
+        A breadth-first walk over (state, continuation bytes still expected),
+        one gather per level.  (A walk over the edge list costs more here:
+        levels are many and small, so calls, not elements, dominate.)
         """
         # A pair is 4 * dense state + pending; `stamp` drops repeats in a level without sorting it.
         seen = np.zeros((self._dead + 1) * 4, dtype=bool)
@@ -450,7 +497,7 @@ class LazyIndex:
             stamp[pairs] = order
             pairs = pairs[stamp[pairs] == order]
             seen[pairs] = True
-        return {int(s) for s in self._state_ids[np.flatnonzero(seen[::4])] if s >= 0}
+        return seen.reshape(-1, 4)[:, 0].copy()
 
     @property
     def known_states(self) -> frozenset[int]:

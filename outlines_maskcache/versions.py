@@ -18,8 +18,15 @@ TESTED: dict[str, tuple[str, ...]] = {
     "outlines-core-backend": ("1.2.0", "1.2.3", "1.2.4", "1.3.3"),
     "guide-processor": ("0.1.1", "0.2.3", "1.0.4", "1.1.1"),
     "llamacpp-sampler": ("0.3.36",),
-    "vllm-v1": ("0.27.0", "0.32.0"),
+    "vllm-v1": ("0.27.0", "0.32.0", "0.34.0"),
     "sglang": ("0.5.21", "0.5.23"),
+}
+
+#: releases with no CPU build on the registry: CI installs the registry's (CUDA) wheel without its
+#: dependencies over the environment of the newest CPU build of the line, and the session drives the
+#: patched components directly (backend, grammars, the CPU worker's apply), no engine
+WITHOUT_DEPENDENCIES: dict[str, tuple[str, ...]] = {
+    "vllm-v1": ("0.34.0",),
 }
 
 #: libraries CI runs that have no target of their own: mlx-lm goes through
@@ -48,5 +55,7 @@ def is_tested(target: str, version: object) -> bool:
     return text in TESTED.get(target, ())
 
 
-if __name__ == "__main__":  # `python3 outlines_maskcache/versions.py TARGET`: its releases, one a line (the lanes read this)
-    print("\n".join({**TESTED, **ALSO_TESTED}[sys.argv[1]]))
+if __name__ == "__main__":
+    # `python3 outlines_maskcache/versions.py [--without-dependencies] TARGET`: its releases, one a line (the lanes read this)
+    table = WITHOUT_DEPENDENCIES if sys.argv[1] == "--without-dependencies" else {**TESTED, **ALSO_TESTED}
+    print("\n".join(table.get(sys.argv[-1], ())))

@@ -57,3 +57,23 @@ def test_oldest_python_session_is_the_oldest_python_claimed():
     assert min(Version(v) for v in PYTHONS).release[:2] == Version(claimed).release[:2]
     text = DOCS.read_text(encoding="utf-8")
     assert all(v in text for v in PYTHONS), "docs/versions.md names every Python session"
+
+
+def test_releases_run_without_dependencies_are_tested_releases_and_the_docs_say_how():
+    from outlines_maskcache.versions import WITHOUT_DEPENDENCIES
+
+    text = DOCS.read_text(encoding="utf-8")
+    for name, releases in WITHOUT_DEPENDENCIES.items():
+        assert set(releases) <= set(TESTED[name]), name
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}`"))
+        assert all(f"{r} (without its dependencies" in row for r in releases), (name, row)
+
+
+def test_caveats_apply_by_version_and_are_documented():
+    from outlines_maskcache.targets import target
+
+    vllm = target("vllm-v1")
+    assert vllm.caveats_for(Version("0.32.0+cpu")) == []
+    assert any("apply is vLLM's own" in c for c in vllm.caveats_for(Version("0.34.0")))
+    text = DOCS.read_text(encoding="utf-8")
+    assert "the bitmask apply is vLLM's own" in text

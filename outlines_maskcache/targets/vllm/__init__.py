@@ -49,6 +49,10 @@ def patches(module: ModuleType, version: Version) -> list[Patch]:
     if utils is not None and "xgr" in vars(utils) and "apply_grammar_bitmask" in vars(utils):
         found.append(Patch(utils, "xgr", apply.XgrammarStandIn(vars(utils)["xgr"])))
     else:
-        log.warning("outlines_maskcache: vLLM %s does not apply bitmasks through utils.apply_grammar_bitmask and "
-                    "xgr; masks are cached, the apply is vLLM's own (docs/engines.md)", version)
+        from outlines_maskcache.targets import target
+
+        said = "; ".join(target("vllm-v1").caveats_for(version)) or \
+            "masks and Indexes are cached; the bitmask apply is vLLM's own"
+        log.warning("outlines_maskcache: vLLM %s has no utils.apply_grammar_bitmask calling xgr: %s "
+                    "(docs/engines.md)", version, said)
     return found
