@@ -121,6 +121,16 @@ def _validate(name: str, value: object) -> None:
         raise ConfigError(f"unknown setting {name!r}")
 
 
+def size_argument(text: str) -> int:
+    """:func:`parse_size` for argparse: a bad size is a usage error, not a traceback."""
+    import argparse
+
+    try:
+        return parse_size(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def parse_size(text: str) -> int:
     """Read ``"536870912"``, ``"512MiB"`` or ``"1G"`` as a byte count."""
     match = _SIZE.match(text)
