@@ -34,12 +34,6 @@ def main(session: nox.Session) -> None:
     _lane(session, "10-main.sh")
 
 
-@nox.session(name=f"outlines-own-suite-{NEWEST_BACKEND}")
-def outlines_own_suite(session: nox.Session) -> None:
-    """outlines' own tests from its sdist: stock, then with the package over a cold and a warm store; the same outcomes."""
-    _lane(session, "12-outlines-own-suite.sh")
-
-
 def _per_release(name: str, releases: tuple[str, ...] | list[str], script: str, doc: str) -> None:
     """One session per release, ``NAME(RELEASE)``, each running the lane script with that release."""
 
@@ -61,6 +55,12 @@ _per_release("guide-processor", TESTED["guide-processor"], "20-legacy.sh",
 def llamacpp(session: nox.Session) -> None:
     """llama-cpp-python with SmolLM2-135M through outlines."""
     _lane(session, "30-llamacpp.sh")
+
+
+@nox.session(name=f"outlines-own-suite-{NEWEST_BACKEND}")
+def outlines_own_suite(session: nox.Session) -> None:
+    """outlines' own tests from its sdist: stock, then with the package over a cold and a warm store; the same outcomes."""
+    _lane(session, "35-outlines-own-suite.sh")
 
 
 _per_release("vllm", TESTED["vllm-v1"], "40-vllm.sh",
