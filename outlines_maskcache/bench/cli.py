@@ -285,6 +285,17 @@ def _e2e_interleaved(args: argparse.Namespace, specs: list[str], names: list[str
     return 0 if ok else 1
 
 
+def _started(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """*command*, noting its start (time and commit) for the run record first."""
+    def run(args: argparse.Namespace) -> int:
+        from outlines_maskcache.bench import run_record
+
+        run_record.mark_start()
+        return command(args)
+
+    return run
+
+
 def add_bench_parser(sub: Any) -> None:
     """The ``bench`` command and its suites, under the product CLI's subcommands *sub*."""
     bench = sub.add_parser("bench", help="measure stock vs cached side by side")
@@ -305,7 +316,7 @@ def add_bench_parser(sub: Any) -> None:
                        help="also the byte budget on a 10,000-state grammar (300 with --quick): peak bytes, bytes per state")
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a PNG of step time per variant here")
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=_started(cmd_bench))
     suites = bench.add_subparsers(dest="suite", metavar="{maskbench,vllm,setup,sglang}")
     mb = suites.add_parser("maskbench", help="MaskBench replay over real schemas: TBM, TTFM, conformance")
     mb.add_argument("--data", help="MaskBench data folder (default: $MASKBENCH_DATA, ../shared/maskbench, tests/data/maskbench)")
@@ -320,7 +331,7 @@ def add_bench_parser(sub: Any) -> None:
     mb.add_argument("--json")
     mb.add_argument("--plot", help="PNG of the TBM CDF per engine")
     mb.add_argument("--md", action="store_true", help="print markdown tables")
-    mb.set_defaults(func=cmd_maskbench)
+    mb.set_defaults(func=_started(cmd_maskbench))
     vl = suites.add_parser("vllm", help="offline vLLM throughput: unconstrained, stock, mask cache, full plugin")
     vl.add_argument("--tokenizer", default="llama3", choices=["llama3", "gpt2"])
     vl.add_argument("--batch", type=_csv(int), default=[8, 32, 128])
@@ -332,14 +343,14 @@ def add_bench_parser(sub: Any) -> None:
     vl.add_argument("--variants", type=_csv(str), default=None,
                     help="any of unconstrained (required), stock, maskcache, plugin (default: all)")
     vl.add_argument("--json")
-    vl.set_defaults(func=cmd_vllm)
+    vl.set_defaults(func=_started(cmd_vllm))
     se = suites.add_parser("setup", help="processor setup in a fresh process: stock, cold store, warm store")
     se.add_argument("--data", help="MaskBench data folder")
     se.add_argument("--sample", type=int, default=40, help="schemas (an evenly spread fixed sample)")
     se.add_argument("--tokenizer", default="llama3", choices=["llama3", "gpt2"])
     se.add_argument("--timeout", type=float, default=30.0, help="seconds per compile in the cold run")
     se.add_argument("--json")
-    se.set_defaults(func=cmd_setup)
+    se.set_defaults(func=_started(cmd_setup))
     lz = suites.add_parser("lazy", help="a never-seen schema's first mask: stock's full compile vs the lazy Index")
     lz.add_argument("--data", help="MaskBench data folder")
     lz.add_argument("--sample", type=int, default=40, help="schemas (an evenly spread fixed sample)")
@@ -348,12 +359,12 @@ def add_bench_parser(sub: Any) -> None:
     lz.add_argument("--names", help="only these schemas of the sample (comma-separated)")
     lz.add_argument("--rows", help="stream each schema's row to this JSON-lines file as it is done (long runs)")
     lz.add_argument("--json")
-    lz.set_defaults(func=cmd_lazy)
+    lz.set_defaults(func=_started(cmd_lazy))
     sg = suites.add_parser("sglang", help="SGLang fill_vocab_mask per row, stock vs cached (needs sglang)")
     sg.add_argument("--tokenizers", type=_csv(str), default=["gpt2", "llama3"])
     sg.add_argument("--repeats", type=int, default=200)
     sg.add_argument("--json")
-    sg.set_defaults(func=cmd_sglang)
+    sg.set_defaults(func=_started(cmd_sglang))
     e2e = suites.add_parser("e2e", help="transformers generate: constrained / unconstrained tok/s with 95%% CIs")
     e2e.add_argument("--model", type=_csv(str), default=["head128k"], help="head128k (2 layers, 128k head), smollm2")
     e2e.add_argument("--batch", type=_csv(int), default=[1, 8])
@@ -375,7 +386,7 @@ def add_bench_parser(sub: Any) -> None:
                           "no-op, stock and cached per schema for ROUNDS rounds in a balanced order (TPOT ratios within a round)")
     e2e.add_argument("--timeout", type=float, default=20.0, help="with --schemas: compile limit per schema (s)")
     e2e.add_argument("--max-memory", type=size_argument, default=6 << 30, help="with --schemas: memory cap per compile")
-    e2e.set_defaults(func=cmd_e2e)
+    e2e.set_defaults(func=_started(cmd_e2e))
 
 
 def _check_micro_args(args: argparse.Namespace) -> None:

