@@ -109,8 +109,6 @@ def pytest_sessionfinish(session):
 def run(sdist: Path, reports: Path, name: str, with_package: bool, store: Path, hub: Path) -> dict[str, str]:
     """One run of the suite in a fresh process: test id -> outcome."""
     xml = reports / f"outlines-own-suite-{name}.xml"
-    (reports / "maskcache_suite_stats.py").write_text(STATS_PLUGIN)
-    (reports / "maskcache_suite_stand_ins.py").write_text(STAND_INS_PLUGIN)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub), TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", OUTLINES_MASKCACHE_STORE=str(store),
                MASKCACHE_SUITE_STATS=str(reports / f"outlines-own-suite-{name}-stats.json"),
@@ -149,6 +147,9 @@ def main() -> int:
     reports.mkdir(parents=True, exist_ok=True)
     hub, store = reports / "outlines-own-suite-hub", reports / "outlines-own-suite-store"
     write_hub_cache(hub)
+    # Written once, before any run: two runs go at once, and each imports these from *reports*.
+    (reports / "maskcache_suite_stats.py").write_text(STATS_PLUGIN)
+    (reports / "maskcache_suite_stand_ins.py").write_text(STAND_INS_PLUGIN)
     # Stock never touches the store: it runs beside the cold-store run (two cores), the warm one after it.
     with ThreadPoolExecutor(max_workers=2) as pool:
         stock_run = pool.submit(run, sdist, reports, "stock", False, store, hub)
