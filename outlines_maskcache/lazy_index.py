@@ -646,6 +646,11 @@ class LazyIndex:
         return StateTokens(sorted_ids, by_id[sorted_ids])
 
 
+#: the capacity Rust's ``VecDeque<u32>`` grows to from zero (``RawVec``'s
+#: minimum non-zero capacity for items of 4 bytes)
+_RUST_MIN_CAPACITY = 4
+
+
 class LazyGuide:
     """outlines_core 0.2's ``Guide`` over a :class:`LazyIndex`: the same states, answers and errors.
 
@@ -656,10 +661,12 @@ class LazyGuide:
     """
 
     def __init__(self, index: LazyIndex, max_rollback: int = 32) -> None:
+        if max_rollback < 0:  # the Rust signature takes a usize
+            raise OverflowError("can't convert negative int to unsigned")
         self.index = index
         self._state = index.initial_state
-        self._previous: deque[int] = deque(maxlen=max_rollback)
-        self._max_rollback = max_rollback
+        self._previous: deque[int] = deque()
+        self._capacity = max_rollback
 
     def get_state(self) -> int:
         return self._state
@@ -677,8 +684,17 @@ class LazyGuide:
         new_state = self.index.next_state(self._state, token_id)
         if new_state is None:
             raise ValueError(f"No next state found for the current state: {self._state} with token ID: {token_id}")
-        if self._max_rollback:
-            self._previous.append(self._state)
+        # The Rust Guide keeps its past states in a VecDeque made with
+        # capacity max_rollback, dropping the oldest when it is full.  With
+        # max_rollback=0 (vLLM's default, no speculative decoding) the first
+        # push grows it to Rust's minimum capacity for 4-byte items, so stock
+        # can roll back up to 4 steps there: the same rule, kept here.
+        if len(self._previous) == self._capacity:
+            if self._previous:
+                self._previous.popleft()
+            else:
+                self._capacity = _RUST_MIN_CAPACITY
+        self._previous.append(self._state)
         self._state = new_state
         return self.get_tokens() if return_tokens is None or return_tokens else None
 
@@ -687,7 +703,7 @@ class LazyGuide:
             return
         if n > len(self._previous):
             raise ValueError(f"Cannot roll back {n} step(s): only {len(self._previous)} states stored "
-                             f"(max_rollback = {self._max_rollback}). You must advance through at least {n} "
+                             f"(max_rollback = {self._capacity}). You must advance through at least {n} "
                              f"state(s) before rolling back {n} step(s).")
         for _ in range(n):
             self._state = self._previous.pop()

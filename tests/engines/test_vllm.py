@@ -318,7 +318,13 @@ def _lockstep(lazy, stock, backend, seed: int, bitmask, rows: tuple[int, int]) -
             return step
         picks = [int(rng.choice(allowed)) for _ in range(3)]
         assert lazy.validate_tokens(picks) == stock.validate_tokens(picks)
+        if step % 4 == 2:  # EOS right after a token: refused (the token rolled back) unless that token finishes
+            probe = [picks[0], backend.tokenizer.eos_token_id]
+            assert lazy.accept_tokens("r", probe) == stock.accept_tokens("r", probe)
         assert lazy.accept_tokens("r", picks[:1]) == stock.accept_tokens("r", picks[:1])
+        if step % 5 == 4 and stock.num_processed_tokens > 1:  # vLLM's rollback (no speculative tokens: stock keeps 4)
+            lazy.rollback(1)
+            stock.rollback(1)
     return 60
 
 
