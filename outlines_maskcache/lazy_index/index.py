@@ -1,61 +1,22 @@
-"""A state-by-state stand-in for outlines_core 0.2's ``Index``: each state's tokens computed on first visit (#29).
+"""The lazy Index: outlines_core 0.2's ``Index`` answered one state at a time from the byte-level Index.
 
-outlines_core's ``Index::new`` walks every token of the vocabulary from
-every state of regex_automata's DFA before the first mask can be served
-(about 2.4 ms a state at 128k tokens: seconds for a large schema).  A
-generation visits a fraction of those states.  This module answers the
-same questions, for one state at a time, from a *byte-level* Index (the
-same regex over 256 one-byte tokens, which outlines_core builds in
-milliseconds):
-
-* ``Index::new`` keeps a token from state ``s`` when its bytes never reach
-  a dead or quit state and the state it ends in, ``t``, passes the
-  end-of-token check: ``t`` is not a match state, or the input would be a
-  complete match at ``t``.  The check depends on ``t`` alone.  Call a state
-  that fails it *bad*: regex_automata reports a match one byte late, so a
-  bad state is one entered by the byte right after a complete match.
-* The byte-level Index is built by that same loop over one-byte tokens, so
-  it records exactly the DFA edges into good states, and it explores every
-  state reachable from the start (a state is explored even when the edge
-  into it fails the check).  Its state ids are the DFA's, as the full
-  Index's are.
-* A token whose path stays on good states is therefore walked exactly
-  through the recorded edges, and ends where the full Index says.  Only a
-  token that *crosses* a bad state is invisible to the walk.  Such a token
-  ends in a good state, so the last bad state on its path has a recorded
-  edge out while no recorded edge enters it: an *orphan* of the byte-level
-  Index (a key of its transitions that is neither a target nor the start,
-  which regex_automata never makes a match state).  No orphans means no
-  such token exists, and the walk equals the full Index on every state.
-  Orphans exist where a regex can go on past a complete match (a URI
-  format's ``[^\\s]*`` absorbing the closing ``"}``): there the lazy Index
-  is refused, never approximated.
-* Stock's compile fails (``IncompatibleVocabulary``) when a state it
-  explores is neither a match state nor has a valid token.  With no
-  orphans, no token leads out of a bad state to a good one, so the good
-  states stock explores are those a token sequence reaches, all of them
-  known to the byte-level Index.  The lazy Index is refused unless every
-  known non-final state has a valid token (most are cleared by a one-byte
-  token; the rest have their rows computed up front), so it is used only
-  where stock's compile succeeds.
-
-This module knows nothing of outlines: it takes the byte-level Index's
-transitions and the vocabulary's tokens as plain data.
+Why each token's walk over the byte-level DFA gives exactly what
+``Index::new`` gives, and where it does not (then :class:`NotExact` is
+raised and the full Index is built), is the package's docstring.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
 import threading
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
+
+from outlines_maskcache.lazy_index.token_table import TokenTable
 
 #: a byte-level DFA with more states than this is refused (its table is states x 256 int32)
 MAX_BYTE_STATES = 1 << 16
@@ -66,144 +27,6 @@ MAX_BYTE_INDEX_BYTES = 32 << 20
 
 class NotExact(ValueError):
     """The lazy Index cannot be proven equal to the full one for this regex and vocabulary: build the full one."""
-
-
-@dataclass
-class TokenTable:
-    """A vocabulary's tokens as outlines_core iterates them, laid out for a vectorised walk.
-
-    Tokens are the distinct byte strings (each with all its ids), EOS's own
-    excluded as ``Index::new`` excludes it, sorted by length, longest
-    first, so the tokens still walking after byte ``j`` are a prefix.
-    """
-
-    eos_token_id: int
-    #: byte ``j`` of the token at sorted position ``i`` is ``columns[j, i]`` (0 past its end)
-    columns: np.ndarray
-    #: ``longer_than[j]``: how many tokens have more than ``j`` bytes (a prefix of the order)
-    longer_than: np.ndarray
-    #: ids of the token at sorted position ``i``: ``ids[id_start[i]:id_start[i + 1]]``
-    ids: np.ndarray
-    id_start: np.ndarray
-    #: ids of empty tokens (allowed wherever the state itself passes the check)
-    empty_ids: np.ndarray
-    single_bytes: frozenset[int]
-    #: every token is whole UTF-8 characters, so a token sequence never stops inside a character
-    whole_characters: bool
-    #: outlines_core's ``Vocabulary.len()``: every id of every token, plus one for EOS
-    vocab_size: int
-    _first: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
-    _one_id: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
-
-    def first_ids(self) -> tuple[np.ndarray, np.ndarray]:
-        """(each position's first id, whether it has more): nearly every token has one id, so rows skip the general expansion."""
-        if self._one_id is None:
-            counts = np.diff(self.id_start)
-            self._one_id = (self.ids[self.id_start[:-1]] if len(counts) else np.empty(0, np.int64), counts != 1)
-        return self._one_id
-
-    def by_prefix(self) -> tuple[np.ndarray, np.ndarray]:
-        """(positions ordered by their first two bytes, ascending within a run; offsets of each run): built on first use.
-
-        A run's key is ``256 * b1 + b2`` for tokens of two bytes or more and
-        ``65536 + b1`` for one-byte tokens.
-        """
-        if self._first is None:
-            n, n_long = int(self.longer_than[0]) if len(self.longer_than) else 0, 0
-            keys = np.empty(n, dtype=np.int64)
-            if self.columns.shape[0]:
-                n_long = int(self.longer_than[1]) if len(self.longer_than) > 1 else 0
-                keys[:n_long] = self.columns[0, :n_long].astype(np.int64) * 256
-                if self.columns.shape[0] > 1:
-                    keys[:n_long] += self.columns[1, :n_long]
-                keys[n_long:] = 65536 + self.columns[0, n_long:n].astype(np.int64)
-            order = np.argsort(keys, kind="stable")
-            self._first = (order, np.searchsorted(keys[order], np.arange(65536 + 257)))
-        return self._first
-
-    @classmethod
-    def of(cls, tokens: Mapping[bytes, Iterable[int]], eos_token_id: int) -> TokenTable:
-        kept: list[tuple[bytes, list[int]]] = []
-        empty: list[int] = []
-        vocab_size = 1
-        for token, ids in tokens.items():
-            ids = list(ids)
-            vocab_size += len(ids)
-            if eos_token_id in ids:
-                continue
-            if token:
-                kept.append((bytes(token), ids))
-            else:
-                empty.extend(ids)
-        kept.sort(key=lambda item: -len(item[0]))
-        lengths = np.fromiter((len(t) for t, _ in kept), dtype=np.int64, count=len(kept))
-        width = int(lengths[0]) if len(kept) else 0
-        columns = np.zeros((width, len(kept)), dtype=np.uint8)
-        starts = np.cumsum(lengths) - lengths
-        total = int(lengths.sum())
-        # byte k of every token at once: its position in the token, and the token's column
-        columns[np.arange(total) - np.repeat(starts, lengths), np.repeat(np.arange(len(kept)), lengths)] = \
-            np.frombuffer(b"".join(t for t, _ in kept), dtype=np.uint8)
-        longer_than = len(kept) - np.cumsum(np.bincount(lengths, minlength=width + 1))[:width]
-        counts = np.fromiter((len(ids) for _, ids in kept), dtype=np.int64, count=len(kept))
-        id_start = np.zeros(len(kept) + 1, dtype=np.int64)
-        np.cumsum(counts, out=id_start[1:])
-        flat = np.fromiter((i for _, ids in kept for i in ids), dtype=np.int64, count=int(id_start[-1]))
-        singles = frozenset(t[0] for t, _ in kept if len(t) == 1)
-        return cls(eos_token_id, columns, longer_than, flat, id_start, np.array(sorted(empty), dtype=np.int64),
-                   singles, all(_whole_characters(t) for t, _ in kept), vocab_size)
-
-    _ARRAYS = ("columns", "longer_than", "ids", "id_start", "empty_ids")
-
-    def to_bytes(self) -> bytes:
-        """A self-describing layout (a JSON header, then raw arrays) for the grammar store: never pickle."""
-        arrays = [np.ascontiguousarray(getattr(self, name)) for name in self._ARRAYS]
-        header = {"eos": self.eos_token_id, "singles": sorted(self.single_bytes), "whole": self.whole_characters,
-                  "vocab_size": self.vocab_size,
-                  "arrays": [[name, a.dtype.str, list(a.shape)] for name, a in zip(self._ARRAYS, arrays)]}
-        head = json.dumps(header).encode()
-        return b"".join([_TABLE_MAGIC, len(head).to_bytes(4, "little"), head, *(a.tobytes() for a in arrays)])
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> TokenTable:
-        """The table :meth:`to_bytes` wrote; ``ValueError`` for anything else (a miss for the store's reader)."""
-        if not data.startswith(_TABLE_MAGIC):
-            raise ValueError("not a token table")
-        at = len(_TABLE_MAGIC) + 4
-        size = int.from_bytes(data[len(_TABLE_MAGIC):at], "little")
-        header = json.loads(data[at:at + size])
-        at += size
-        arrays = {}
-        for name, dtype, shape in header["arrays"]:
-            if name not in cls._ARRAYS or np.dtype(dtype).kind not in "iu":
-                raise ValueError(f"token table: unexpected array {name} {dtype}")
-            count = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            if at + count > len(data):
-                raise ValueError("token table: cut short")
-            arrays[name] = np.frombuffer(data, dtype=dtype, count=count // np.dtype(dtype).itemsize,
-                                         offset=at).reshape(shape)
-            at += count
-        if at != len(data) or set(arrays) != set(cls._ARRAYS):
-            raise ValueError("token table: wrong length or arrays")
-        table = cls(int(header["eos"]), arrays["columns"], arrays["longer_than"], arrays["ids"], arrays["id_start"],
-                    arrays["empty_ids"], frozenset(int(b) for b in header["singles"]), bool(header["whole"]),
-                    int(header["vocab_size"]))
-        width, count = table.columns.shape
-        if len(table.longer_than) != width or len(table.id_start) != count + 1 or \
-                (count and (table.id_start[-1] != len(table.ids) or table.longer_than[0] != count)):
-            raise ValueError("token table: inconsistent arrays")
-        return table
-
-
-_TABLE_MAGIC = b"OMCTT1\x00\x00"
-
-
-def _whole_characters(token: bytes) -> bool:
-    try:
-        token.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _pending_after(byte: int, pending: int) -> int:
@@ -399,7 +222,7 @@ class LazyIndex:
     Built from the byte-level Index's ``transitions`` (state -> {byte token
     id -> state}, byte token ``b`` being ``bytes([b])`` with id ``b``),
     ``final_states`` and ``initial_state``.  Raises :class:`NotExact` where
-    equality with the full Index cannot be proven (see the module's
+    equality with the full Index cannot be proven (see the package's
     docstring).  Rows are computed once and kept; concurrent first visits of
     one state compute it once.
     """
@@ -644,105 +467,3 @@ class LazyIndex:
         by_id[ids] = nexts
         sorted_ids = np.flatnonzero(by_id >= 0)
         return StateTokens(sorted_ids, by_id[sorted_ids])
-
-
-#: the capacity Rust's ``VecDeque<u32>`` grows to from zero (``RawVec``'s
-#: minimum non-zero capacity for items of 4 bytes)
-_RUST_MIN_CAPACITY = 4
-
-
-class LazyGuide:
-    """outlines_core 0.2's ``Guide`` over a :class:`LazyIndex`: the same states, answers and errors.
-
-    What stock's processors call (``get_state``, ``advance``,
-    ``is_finished``, ``accepts_tokens``, ``write_mask_into``, ``reset``,
-    ``rollback_state``) behaves as the Rust ``Guide`` does, messages
-    included; a state's row is computed on its first visit.
-    """
-
-    def __init__(self, index: LazyIndex, max_rollback: int = 32) -> None:
-        if max_rollback < 0:  # the Rust signature takes a usize
-            raise OverflowError("can't convert negative int to unsigned")
-        self.index = index
-        self._state = index.initial_state
-        self._previous: deque[int] = deque()
-        self._capacity = max_rollback
-
-    def get_state(self) -> int:
-        return self._state
-
-    def get_tokens(self) -> list[int]:
-        tokens = self.index.allowed_tokens(self._state)
-        if tokens is None:
-            raise ValueError(f"No allowed tokens available for the state {self._state}")
-        return tokens
-
-    def get_allowed_rollback(self) -> int:
-        return len(self._previous)
-
-    def advance(self, token_id: int, return_tokens: bool | None = None) -> list[int] | None:
-        new_state = self.index.next_state(self._state, token_id)
-        if new_state is None:
-            raise ValueError(f"No next state found for the current state: {self._state} with token ID: {token_id}")
-        # The Rust Guide keeps its past states in a VecDeque made with
-        # capacity max_rollback, dropping the oldest when it is full.  With
-        # max_rollback=0 (vLLM's default, no speculative decoding) the first
-        # push grows it to Rust's minimum capacity for 4-byte items, so stock
-        # can roll back up to 4 steps there: the same rule, kept here.
-        if len(self._previous) == self._capacity:
-            if self._previous:
-                self._previous.popleft()
-            else:
-                self._capacity = _RUST_MIN_CAPACITY
-        self._previous.append(self._state)
-        self._state = new_state
-        return self.get_tokens() if return_tokens is None or return_tokens else None
-
-    def rollback_state(self, n: int) -> None:
-        if n == 0:
-            return
-        if n > len(self._previous):
-            raise ValueError(f"Cannot roll back {n} step(s): only {len(self._previous)} states stored "
-                             f"(max_rollback = {self._capacity}). You must advance through at least {n} "
-                             f"state(s) before rolling back {n} step(s).")
-        for _ in range(n):
-            self._state = self._previous.pop()
-
-    def accepts_tokens(self, sequence: Iterable[int]) -> bool:
-        state: int | None = self._state
-        for token in sequence:
-            state = self.index.next_state(state, token)  # type: ignore[arg-type]
-            if state is None:
-                return False
-        return True
-
-    def is_finished(self) -> bool:
-        return self.index.is_final_state(self._state)
-
-    def reset(self) -> None:
-        self._state = self.index.initial_state
-
-    def write_mask_into(self, data_ptr: int, numel: int, element_size: int) -> None:
-        """The state's bitmask into caller memory, with the Rust ``Guide``'s checks and layout."""
-        expected = (self.index.vocab_size + 31) // 32
-        if element_size != 4:
-            raise ValueError(f"Invalid element size: got {element_size} bytes per element, "
-                             "expected 4 bytes (32-bit integer).")
-        if data_ptr == 0:
-            raise ValueError("Invalid data pointer: received a null pointer.")
-        if data_ptr % 4:
-            raise ValueError(f"Invalid data pointer alignment: pointer address {data_ptr} is not a multiple of 4.")
-        if numel < expected:
-            raise ValueError(f"Invalid buffer size: got {numel} elements ({numel * element_size} bytes), expected "
-                             f"{expected} elements ({expected * 4} bytes). Ensure that the mask tensor has shape "
-                             "(1, (vocab_size + 31) // 32) and uses 32-bit integers.")
-        out = np.ctypeslib.as_array(ctypes.cast(data_ptr, ctypes.POINTER(ctypes.c_uint32)), shape=(numel,))
-        row = self.index.row(self._state)
-        bits = np.zeros(numel * 32, dtype=np.uint8)
-        if row is not None and len(row.token_ids):
-            bits[row.token_ids[row.token_ids < numel * 32]] = 1
-        # little-endian bit order within each byte, then bytes as little-endian words: the Rust layout
-        out[:] = np.packbits(bits, bitorder="little").view("<u4")
-
-    def __repr__(self) -> str:
-        return f"LazyGuide(state={self._state})"
