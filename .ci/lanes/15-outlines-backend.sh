@@ -22,7 +22,7 @@ for version in "${versions[@]}"; do
     fi
     "$venv/bin/python" -m pytest -q tests/test_backend_matches_its_release.py tests/test_processor_equals_stock.py tests/test_install_disable_stats.py \
         tests/test_shared_cache_state_machine.py tests/test_transformers_generation.py tests/test_masks_against_regex_oracle.py \
-        tests/test_lazy_index_equals_full.py tests/test_lazy_first_use.py \
+        tests/test_lazy_index_equals_full.py tests/test_lazy_first_use.py tests/test_lazy_guide_equals_guide.py \
         --junitxml="$reports/outlines-backend-$version.xml"
     echo "outlines-backend lane: outlines $version passed in $((SECONDS - start)) s"
 done
