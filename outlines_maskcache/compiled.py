@@ -40,9 +40,9 @@ def store_key(kind: str, *parts: object) -> str:
     return h.hexdigest()
 
 
-def memoized(where: str, key: Callable[[], tuple[Hashable, ...]], build: Callable[[], T],
+def memoized(where: str, key: Callable[[], tuple[Hashable, ...]], build: Callable[[tuple[Hashable, ...]], T],
              stock: Callable[[], T], content: bool = False) -> T:
-    """*build*'s value for ``key()``, built once per process and registered under the key's digest.
+    """``build(key())``, built once per process per key and registered under the key's digest.
 
     *content*: the key names the same thing in every process (no identity
     token in it), so masks of the value may be persisted under its name;
@@ -60,7 +60,7 @@ def memoized(where: str, key: Callable[[], tuple[Hashable, ...]], build: Callabl
         return stock()
 
     def made() -> T:
-        value = build()
+        value = build(parts)
         if RUNTIME.grammars.get(value) is None:  # a value the store named keeps its content name
             RUNTIME.grammars.register(value, digest(*parts) if content else LOCAL_PREFIX + digest(*parts))
         return value

@@ -268,11 +268,10 @@ def _backend_patches(module: ModuleType, outlines_version: str) -> list[Patch]:
             vocabulary = source
         named = RUNTIME.fingerprint(vocabulary)
         content = named if core.is_vocabulary_key(named) else None
-        memo_key = ("index", named, regex)
         index = compiled.memoized(
-            "index memo key", lambda: memo_key,
-            lambda: lazy_compile.index_for(regex, vocabulary, content, memo_key,
-                                           lambda: compiled.compile_index(regex, vocabulary, content)),
+            "index memo key", lambda: ("index", named, regex),
+            lambda key: lazy_compile.index_for(regex, vocabulary, content, key,
+                                               lambda: compiled.compile_index(regex, vocabulary, content)),
             lambda: stock_regex(self, regex), content=content is not None,
         )
         processor = module.OutlinesCoreLogitsProcessor(index, self.tensor_library_name)

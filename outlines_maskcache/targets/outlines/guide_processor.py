@@ -135,7 +135,7 @@ def patches(module: ModuleType, version: Version) -> list[Patch]:
             "guide memo key",
             lambda: ("regex-guide", RUNTIME.fingerprint(tokenizer), tokenizer.eos_token_id,
                      vocabulary_hash(tokenizer.vocabulary), regex_string),
-            lambda: stock(regex_string, tokenizer),
+            lambda key: stock(regex_string, tokenizer),
             lambda: stock(regex_string, tokenizer),
         )
 

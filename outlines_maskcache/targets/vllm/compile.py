@@ -124,24 +124,17 @@ def patches(module: Any, backend_cls: type, vllm_version: str) -> list[Patch]:
         content = RUNTIME.store() is not None
         if not RUNTIME.active() or not (content or lazy_compile.enabled()[0]):
             return stock()
-        parts: list[tuple] = []
 
         def key() -> tuple:  # the vocabulary's key is computed once, then read from the registry
             vocab = vocabulary_key(self, vocabulary, vllm_version) if content else RUNTIME.fingerprint(vocabulary)
-            parts.append(("vllm-index", vocab, regex_string))
-            return parts[-1]
+            return ("vllm-index", vocab, regex_string)
 
-        def full() -> Any:
-            if not content:
-                return stock()
-            return compiled.stored("index", parts[-1][1:], stock, core.load_index)
+        def build(memo_key: tuple) -> Any:
+            full = (lambda: compiled.stored("index", memo_key[1:], stock, core.load_index)) if content else stock
+            return lazy_compile.index_for(regex_string, vocabulary.inner, memo_key[1] if content else None, memo_key,
+                                          full)
 
-        return compiled.memoized(
-            "vllm-v1 vocabulary key", key,
-            lambda: lazy_compile.index_for(regex_string, vocabulary.inner, parts[-1][1] if content else None,
-                                           parts[-1], full),
-            stock, content=content,
-        )
+        return compiled.memoized("vllm-v1 vocabulary key", key, build, stock, content=content)
 
     found.append(Patch(backend_cls, "_compile_index", compile_index))
     if "oc" in vars(module):
