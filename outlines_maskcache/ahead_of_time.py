@@ -1,20 +1,13 @@
 """Ahead-of-time compile into the grammar store: ``precompile()`` and ``outlines-maskcache compile``.
 
-A deploy pipeline compiles the schemas it will serve once (baking the store
-into an image, or warming a shared volume); every process that then meets
-one of them loads it.  Schemas come from anywhere real schemas live: JSON
-Schema files, ``.regex`` files, folders of them, and MaskBench /
-JSONSchemaBench data files (``{"schema": ..., "tests": [...]}``).
-
-Nothing here depends on installed patches: the vocabulary is converted by
-stock's own function and named as the patched backend names it.  Every
-compile runs in a guarded worker (:mod:`outlines_maskcache.guard`):
-a schema that would run for minutes or exhaust memory fails alone, with its
-reason, and the run goes on.  Entries are written under exactly the keys
-outlines' own backend looks up (the vocabulary converted by outlines'
-``create_outlines_core_vocabulary``, the regex from outlines_core's
-``build_regex_from_schema``, run in the worker too: for some real schemas the
-conversion alone exhausts memory).
+A deploy step compiles the schemas it will serve once (into an image, or a
+shared volume), from JSON Schema files, ``.regex`` files, folders of them,
+and MaskBench / JSONSchemaBench data files.  It needs no installed patches:
+the vocabulary is converted by stock's own function and stored under
+exactly the keys outlines' patched backend looks up.  Every compile, the
+schema -> regex conversion included, runs in a guarded worker
+(:mod:`outlines_maskcache.guard`), so a schema that would run for minutes
+or exhaust memory fails alone, with its reason.
 """
 
 from __future__ import annotations

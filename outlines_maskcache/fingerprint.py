@@ -1,20 +1,18 @@
 """Grammar fingerprints and the bounded memo of compiled grammars.
 
-A cached mask is only as correct as its key.  The key's first element names
-the compiled grammar (an outlines_core ``Index``, a ``RegexGuide``...) the mask
-was read from.  Two ways to name one:
+A cached mask is only as correct as its key, whose first element names the
+compiled grammar the mask was read from, in one of two ways:
 
-* **content**: ``sha256(vocabulary fingerprint, regex)``, given when we built
-  the grammar ourselves through :class:`Memo`.  It survives across calls, so
-  the second ``model(prompt, User)`` hits what the first one cached.
-* **identity**: a fresh token for an object someone else built.  We keep a
-  strong reference to the object while the token is live, so its ``id`` can
-  not be recycled for another grammar under our feet.  When the registry
-  forgets the object, the cache drops its masks.
+* **content**: a digest of the vocabulary's name and the regex, for
+  grammars built through :class:`Memo`; it survives across calls, so the
+  second ``model(prompt, User)`` hits what the first cached.
+* **identity**: a fresh token for an object someone else built, holding a
+  strong reference while the token lives so its ``id`` is never recycled
+  under our feet; when the registry forgets it, its masks are dropped.
 
-The memo exists because outlines 1.x rebuilds the Vocabulary and the Index on
-every call (0.3-1.2 s for a 4-field schema); an Index is deterministic in
-``(regex, vocabulary)``, so reusing it changes no result.
+The memo exists because outlines 1.x rebuilds the Vocabulary and Index on
+every call; an Index is deterministic in (regex, vocabulary), so reusing
+one changes no result.
 """
 
 from __future__ import annotations

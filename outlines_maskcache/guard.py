@@ -1,16 +1,12 @@
 """Compile grammars in a child process with a time limit and a memory cap.
 
 Some real JSON schemas make outlines_core's compile run for minutes or
-allocate tens of GB (one drove a 24 GB machine into the kernel's OOM killer,
-taking the whole process with it).  A server, a benchmark or a deploy step
+allocate tens of GB (one drove a 24 GB machine into the OOM killer).  Code
 that compiles schemas it did not write must survive that, so the compile
-runs in a worker process whose address space is capped (``RLIMIT_AS``) and
-which is killed at a deadline; the caller gets the Index back as bytes,
-which it loads with ``Index.from_binary`` (never ``pickle``).
-
-The worker imports outlines_core and nothing else (no torch, no outlines),
-so starting one costs ~0.1 s.  It keeps the vocabularies it was sent, so a
-worker compiling many schemas over one tokenizer receives it once.
+runs in a worker whose address space is capped (``RLIMIT_AS``) and which
+is killed at a deadline; the Index comes back as bytes for
+``Index.from_binary`` (never ``pickle``).  The worker imports outlines_core
+alone, so it starts fast, and keeps the vocabularies it was sent.
 
 Protocol over the worker's stdin/stdout, one frame per message: an 8-byte
 little-endian header length, a JSON header, an 8-byte payload length, the

@@ -1,21 +1,14 @@
-"""A never-seen regex's first masks from a lazy Index, with the full Index compiled behind it (#29).
+"""A never-seen regex's first masks from a lazy Index, with the full Index compiled behind it.
 
-Stock outlines compiles the whole Index before the first mask of a new
-schema (seconds at 128k tokens).  Where :mod:`~outlines_maskcache.lazy_index`
-can prove its per-state rows equal to that Index, the first processor gets a
-:class:`~outlines_maskcache.lazy_index.LazyIndex` at once, and the full Index
-is compiled on the background thread through the usual compile path (store,
-guard).  When it arrives:
-
-* the rows the lazy Index has served are checked against it (the second
-  side of the proof: the first is the construction); a difference would
-  switch the lazy Index off for the process and drop its cached masks;
-* it is registered under the lazy Index's name, so every cached mask stays
-  valid (the states are the same DFA states), replaces the lazy Index in the
-  grammar memo, and is handed to the processors that hold the lazy one.
-
-Where the full compile fails (time limit, memory cap), the lazy Index goes on
-serving: a schema stock cannot compile still gets exact masks.
+Where :mod:`~outlines_maskcache.lazy_index` can prove its rows equal to the
+full Index, the first processor gets a ``LazyIndex`` at once and the full
+Index is compiled on the background thread through the usual path (store,
+guard).  When it arrives, the rows served so far are checked against it (a
+difference switches lazy Indexes off for the process and drops their
+masks); it takes the lazy Index's name (same DFA states, so cached masks
+stay valid) and its place in the memo, and is handed to the processors
+that held the lazy one.  If the full compile fails, the lazy Index goes on
+serving.  docs/lazy-index.md.
 """
 
 from __future__ import annotations

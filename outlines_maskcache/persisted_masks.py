@@ -1,20 +1,17 @@
 """Bitmask rows persisted beside their grammar, so a restarted process starts warm.
 
-The mask of a state is a pure function of the compiled grammar and the state,
-so once any process has asked outlines_core for it (``write_mask_into``, up
-to ~0.4 ms at 128k tokens), no process needs to ask again.  Each grammar
-named by its *content* (never an identity token, which means nothing in
-another process) gets one store entry holding the int32 bitmask rows of the
-states visited so far; a process loads it on first use of the grammar and
-saves it back, merged with what other processes added, once it has learned
-enough new rows and at exit.  Saves mid-run happen on a background thread:
-a save re-reads, merges, encodes and hashes up to 64 MiB, which on the
-decoding thread showed as the first pass's worst per-token times.
+A state's mask is a pure function of the compiled grammar and the state,
+so once any process has asked outlines_core for it, no process needs to
+ask again.  Each grammar named by its *content* (an identity token means
+nothing in another process) gets one store entry of the rows of the
+states visited so far: loaded on first use, saved back merged with what
+other processes added, mid-run on a background thread (a save re-reads,
+merges and hashes up to 64 MiB) and at exit.
 
-Entry payload (all little-endian), verified again after the store's checksum:
-``b"OMCMASKS"``, u32 words per row, u32 reserved, u64 row count, then the
-states (u64 each), then the rows (int32).  Rows are served as read-only
-numpy views of the verified bytes.
+Payload (little-endian), verified again after the store's checksum:
+``b"OMCMASKS"``, u32 words per row, u32 reserved, u64 row count, the states
+(u64 each), the rows (int32).  Rows are served as read-only views of the
+verified bytes.
 """
 
 from __future__ import annotations

@@ -1,39 +1,22 @@
-"""Applying an int32 token bitmask to CPU logits: rows by cached plans, the rest by the caller's kernel.
+"""Applying an int32 token bitmask to CPU logits: sparse rows by cached plans, the rest by the caller's kernel.
 
-The CPU kernel engines use to apply a packed bitmask (xgrammar's
-``apply_token_bitmask_inplace_cpu``, which vLLM calls for every constrained
-row of every CPU step) reads the bits and writes ``-inf`` one blocked token
-at a time, on one thread, holding the GIL.  Two kinds of row do better
-with a plan made once per row content: a **sparse** row (allows at most
-``PLAN_SPARSE_BELOW`` of the vocabulary; the kernel pays for every blocked
-token of it) is applied by keeping the allowed logits, filling the row with
-``-inf`` (a memset) and putting them back, an order of magnitude faster
-(docs/engines.md).  Every other row goes to the caller's kernel: planning
-rows that block few tokens (free text inside a JSON string) did not pay in
-a balanced measurement (docs/benchmarks.md, "The dense column route").
+The CPU kernel engines use (xgrammar's ``apply_token_bitmask_inplace_cpu``,
+which vLLM calls for every constrained row) writes ``-inf`` one blocked
+token at a time, holding the GIL.  A **sparse** row (at most
+``row_forms.PLAN_SPARSE_BELOW`` of the vocabulary allowed) is applied
+instead by keeping the allowed logits, filling the row with ``-inf`` and
+putting them back.  Dense rows did not pay (docs/benchmarks.md).
 
-A plan is found in one of two ways, and used only for bits equal, word
-for word, to the ones it was made from:
+A plan serves only bits equal, word for word, to the ones it was made
+from.  It is found by **content** (the row's bytes key a bounded LRU) or
+by **hint** (``expected``: rows the caller put into the bitmask, compared
+byte for byte; a wrong hint costs time, never correctness).
 
-* by **content**: the row's bytes key a bounded LRU; only rows the
-  sampled estimate calls sparse are hashed and looked up this way;
-* by **hint**: a caller that knows which rows it put into the bitmask
-  (the vLLM target serves read-only cached rows) passes them as
-  ``expected``; each bitmask row is compared with them byte for byte, and
-  the plan is made once per hinted row object.  A wrong hint costs time,
-  never correctness.
-
-Nothing here knows which engine or grammar produced the bitmask.
-
-Semantics are the kernel's, bit for bit, NaN included: for every listed row
-and every token ``j < vocab_size`` whose bit is 0 the logit becomes
-``-inf``; allowed logits are unchanged; tokens at or past ``vocab_size``
-are untouched.  All plans are made, and every value a fill could clobber
-is read, before the first logit is written.  If a fill fails, those values
-are put back, which leaves only ``-inf`` where a bit is 0, so the caller's
-kernel can still run over the whole call; if putting back fails too,
-``LogitsLost`` says so.  The kernel's own
-rows go last: writing ``-inf`` where a bit is 0 is idempotent.
+Semantics are the kernel's, bit for bit, NaN included; tokens at or past
+``vocab_size`` are untouched.  Every value a fill could clobber is read
+before the first write; a failed fill puts them back (``LogitsLost`` if
+that fails too), and the kernel's rows go last because writing ``-inf``
+where a bit is 0 is idempotent.
 """
 
 from __future__ import annotations
@@ -161,11 +144,9 @@ class BitmaskApplier:
                       expected: Sequence[np.ndarray]) -> dict[int, _Plan]:
         """Plans for the rows equal, word for word, to an expected row.
 
-        One ``bytes`` comparison (a memcmp, which stops at the first
-        difference) per row and candidate, most rows matching the first
-        candidate they meet: ~20 us for 32 rows of 128k, where a vectorised
-        compare with its temporaries took several times that once the
-        logits' matmul had evicted them.
+        A ``bytes`` comparison (a memcmp that stops at the first difference) per
+        row and candidate beat a vectorised compare, whose temporaries the
+        logits' matmul had evicted.
         """
         candidates = [(c[:words].tobytes(), c) for c in {id(c): c for c in expected}.values()
                       if isinstance(c, np.ndarray) and c.dtype == np.int32 and c.ndim == 1 and c.shape[0] >= words]
@@ -272,16 +253,10 @@ def _put(view: Any, rows: list[int], ids: Any, values: Any) -> None:
 
 
 def _fill_in_place(view: Any, sparse: list[tuple[int, Any]]) -> None:
-    """The sparse rows' fill-and-restore, as one step that undoes itself on failure.
+    """The sparse rows' keep-fill-restore, as one step that undoes itself on failure.
 
-    Every allowed logit is read before the first write.  Rows sharing a
-    plan are filled in one op, not one per row: a batch in a sparse grammar
-    has many rows and few distinct plans, and per row the ops' own overhead
-    was most of the cost at B = 128.  If a write fails, every kept value is
-    put back, which leaves only ``-inf`` on tokens the bitmask blocks, so
-    the caller's kernel can redo the whole call; if putting back fails too,
-    :class:`~outlines_maskcache.kernels.LogitsLost` stops a fallback from
-    masking logits whose values are gone.
+    Rows sharing a plan are filled by one op: a batch in a sparse grammar has
+    many rows and few plans, and per-row op overhead dominated at B = 128.
     """
     import torch
 

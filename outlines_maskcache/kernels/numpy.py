@@ -1,20 +1,12 @@
 """Numpy kernel (llama.cpp, and outlines' numpy tensor adapter).
 
-Same ``bound`` form as the torch CPU kernel, applied with ``np.minimum`` into
-the caller's array, so llama.cpp's strided float32 view of its candidate
-array is written in place.  ``blocked`` (a bool row, boolean-index
-assignment of -inf) is exact for NaN too, as are sparse rows (the allowed
-ids, whose values are moved out and back around a fill).  Rows are made read-only so that a
-caller who writes into one gets an error instead of a corrupted cache.
-
-States that block few tokens (inside a JSON string: 3-5% of the vocabulary,
-a third of MaskBench's steps) are kept as the blocked ids
-(:class:`BlockedIds`) and applied by writing -inf at those ids alone: exact
-for every input, and on llama.cpp's strided candidate view ~8x cheaper than
-a whole-row minimum (49k tokens, 4% blocked: 7 vs 62 us; docs/design.md).
-On contiguous torch rows fresh from a matmul the scattered writes cost as
-much as the streaming op from ~2% blocked on, so the torch kernel keeps its
-dense rows.
+The torch CPU kernel's ``bound``, ``blocked`` and sparse forms, written into
+the caller's array (llama.cpp's strided float32 view of its candidates),
+plus :class:`BlockedIds` for states that block few tokens (inside a JSON
+string): -inf written at those ids alone, exact for every input and, on
+that strided view, far cheaper than a whole-row minimum (docs/design.md).
+Rows are read-only, so a caller who writes into one gets an error instead
+of a corrupted cache.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""Torch kernel.
+"""Torch kernel: the ``bound``, ``blocked`` and sparse row forms, and the per-processor slate.
 
-Forms, chosen by measurement (``outlines-maskcache bench``, docs/design.md):
-
-* ``bound`` (CPU default): a row of +inf (allowed) / -inf (blocked) in the
-  logits dtype, applied with ``torch.minimum(logits, row, out=logits)``.
-  ``min(x, +inf) == x`` and ``min(x, -inf) == -inf`` for every non-NaN x
-  (±0 and ±inf included), so the result equals stock's ``masked_fill_``
-  bit for bit; on this CPU it costs the same as one ``add_`` (~17 µs at 128k),
-  where ``masked_fill_``/``where`` with a bool row cost 15-30x more.  The one
-  input where it differs is a NaN logit on a blocked token (minimum propagates
-  NaN, stock writes -inf): ``nan_guard=True`` checks for NaN and repairs.
-* ``blocked`` (accelerator default): a bool row of blocked tokens applied with
-  ``masked_fill_(-inf)``; exact for every input including NaN, a quarter of
-  the bytes, and memory-bound on a GPU.
-
-* sparse rows (CPU, states allowing at most ``sparse_below`` of the
-  vocabulary): the int64 ids of the allowed tokens; their logits are read,
-  the row filled with -inf and the values put back.  Exact for every input.
-
-Rows of a batch that share a state are applied with one broadcast op.  Mixed
-states: on accelerators one ``stack`` + one op (O(1) kernel launches); on CPU
-the processor's slate (see :func:`_slate`) and one op while rows keep their
-states, or one ``_foreach_minimum_`` over the rows (a single C++ loop) while
-most of them move; a gather + op was measured slower on CPU because the
-gather doubles memory traffic and there is no launch cost to amortise.
+Each form and the measurements that chose it: docs/design.md, "Forms,
+chosen by measurement".  ``bound`` (CPU) is ``torch.minimum`` with a
++inf/-inf row, equal to stock's ``masked_fill_`` for every non-NaN logit
+(``nan_guard`` repairs a NaN on a blocked token); ``blocked`` (accelerators)
+and sparse rows are exact for every input.
 """
 
 from __future__ import annotations

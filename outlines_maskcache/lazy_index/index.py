@@ -1,8 +1,8 @@
 """The lazy Index: outlines_core 0.2's ``Index`` answered one state at a time from the byte-level Index.
 
 Why each token's walk over the byte-level DFA gives exactly what
-``Index::new`` gives, and where it does not (then :class:`NotExact` is
-raised and the full Index is built), is the package's docstring.
+``Index::new`` gives, and where it cannot (then :class:`NotExact` is
+raised and the full Index is built): docs/lazy-index.md, "Why it is exact".
 """
 
 from __future__ import annotations

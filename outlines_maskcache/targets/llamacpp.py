@@ -1,33 +1,18 @@
 """Adapter for llama-cpp-python's logits-processor hook (``llama_cpp._internals.LlamaSampler.add_custom``).
 
-llama-cpp-python runs logits processors inside a custom sampler that
-``Llama._init_sampler`` builds for every generation: a closure
-(``apply_func``) that, per token, builds a new ``np.dtype`` and an
-``np.recarray`` over the C candidate array, reads the ``logit`` field view
-twice and assigns the processor's result back over it.  Measured in a real
-decode loop (SmolLM2-135M, 49k vocabulary, right after the forward pass that
-evicted the caches) that wrapping costs ~110 us a token before any processor
-runs: a third of what outlines' constraint adds to the sampling phase, and
-more than a warm cached mask (docs/benchmarks.md).
+``Llama._init_sampler`` wraps the processors, for every generation, in a
+closure (``apply_func``) that builds a new ``np.dtype`` and ``np.recarray``
+over the C candidate array per token: more than a warm cached mask costs
+(docs/engines.md, "llama.cpp").  That closure, recognised by its qualified
+name, free variables and the names its code reads, is replaced by an
+equivalent that keeps one strided float32 view of the ``logit`` field
+while the array's address and size repeat, calls each processor as stock
+does, and skips writing back a result that *is* that view (stock's
+self-assignment changes nothing).
 
-Patched: ``LlamaSampler.add_custom``.  When the function handed to it is
-that ``apply_func`` (recognised by its qualified name, its free variables
-and the names its code reads, so another version's closure is not
-mistaken for it), it is replaced by an equivalent that
-
-* views the candidates' ``logit`` field as a strided float32 array built
-  from the same address, size, offset and stride (kept while the address
-  and size repeat, which they do token after token);
-* calls each processor with ``llama._input_ids`` and that view, exactly as
-  stock does; and
-* writes a result back unless it *is* that view (stock's assignment of an
-  array onto itself changes nothing, so skipping it is exact).
-
-It does so only while the cache is active and every processor in the list
-is an outlines processor; otherwise, and for any other function given to
-``add_custom``, llama-cpp-python's own code runs.  A closure named
-``apply_func`` that does not match the known shape runs stock with one
-warning.
+Only while the cache is active and every processor is an outlines one;
+anything else runs llama-cpp-python's own code, and an ``apply_func`` of
+an unknown shape runs stock with one warning.
 """
 
 from __future__ import annotations

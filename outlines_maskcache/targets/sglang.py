@@ -1,27 +1,17 @@
 """Adapter for SGLang's outlines grammar backend (``--grammar-backend outlines``).
 
-``sglang.srt.constrained.outlines_backend.OutlinesGrammar.fill_vocab_mask``
-runs per constrained request per step in the scheduler process: it builds a
-tensor from ``guide.get_next_instruction(state).tokens`` (a Python list of
-up to the whole vocabulary), copies it to the mask's device and scatters it
-into a row of a (B, V) bool mask (True = blocked).  The row depends only on
-the compiled guide and the state, and SGLang shares one guide between all
-requests with the same schema (its grammar cache hands each request a
-``copy()``), so the row is cached per (guide, state, device, width) — built
-on a miss by SGLang's own ``fill_vocab_mask`` into a scratch row, so it is
-SGLang's result by construction — and a hit is one device-side row copy.
-``fill_vocab_mask_batched`` (a loop over rows) reaches it per row.
+``OutlinesGrammar.fill_vocab_mask`` runs per constrained request per step
+in the scheduler: it scatters ``guide.get_next_instruction(state).tokens``
+(a list of up to the whole vocabulary) into a row of a (B, V) bool mask.
+The row depends only on the guide (shared by every request of a schema)
+and the state, so it is cached per (guide, state, device, width), built on
+a miss by SGLang's own ``fill_vocab_mask`` into a scratch row; a hit is one
+row copy on the device.  SGLang compiles through outlines 0.1's disk-cached
+``RegexGuide.from_regex``, so no store is added here.
 
-Compiled guides: SGLang compiles with outlines 0.1's ``RegexGuide.from_regex``,
-whose ``create_states_mapping`` outlines itself caches on disk, so this
-target adds no store of its own.
-
-Loaded through SGLang's ``sglang.srt.plugins`` entry point
-(:func:`outlines_maskcache.plugins.sglang`), which SGLang (0.5.11 and
-later) calls in every process it starts, the scheduler included (honour
-``SGLANG_PLUGINS`` if set).  Older SGLang starts its scheduler with no
-plugin hook; they are not supported (see docs/versions.md).  Stats reach the
-user through ``OUTLINES_MASKCACHE_STATS_FILE`` (:mod:`outlines_maskcache.stats_file`).
+Loaded by SGLang's ``sglang.srt.plugins`` entry point in every process
+(:func:`outlines_maskcache.plugins.sglang`); stats reach the user through
+``OUTLINES_MASKCACHE_STATS_FILE``.
 """
 
 from __future__ import annotations

@@ -1,42 +1,23 @@
 """Adapter for outlines 1.2-1.3: ``outlines.backends.outlines_core``.
 
-Patched, each falling back to stock's own code (see docs/design.md):
+Patched, each falling back to stock's own code (docs/engines.md):
 
-* ``OutlinesCoreLogitsProcessor._bias_logits_torch`` / ``_numpy`` /
-  ``_mlx``: the masks come from the cache through the processor's
-  :class:`~outlines_maskcache.masker.Masker`.  These are the methods
-  stock's ``process_logits`` dispatches to (``self.bias_logits``, bound in
-  ``_setup``), so a subclass or an instance that overrides one keeps its
-  override, and stock's own advance rule runs for any release.
-* ``OutlinesCoreLogitsProcessor.process_logits`` and ``__call__``: stock's
-  step with the last tokens read for the whole batch at once and, for a
-  2-D batch or llama.cpp's 1-D pair, without the tensor adapter's shape
-  normalisation.  The advance rule is the installed release's: 1.2.0-1.2.3
-  advance a guide only while it is not finished; 1.2.4 also advances a
-  finished guide that accepts the token (outlines_core#227).  The step
-  ends in stock's dispatch, ``self.bias_logits``.
-* ``OutlinesCoreBackend.__init__`` and ``get_regex_logits_processor``:
-  memoized, because outlines builds a new backend (``get_vocab()`` + the
-  Vocabulary conversion) and a new Index on every ``model(prompt,
-  output_type)`` call.  Each backend still gets a Vocabulary of its own
-  (a copy), and a memoized Index is served only while that vocabulary
-  equals the one it was compiled for, so a user who mutates
-  ``backend.vocabulary`` gets what stock gives.
-* the module's ``Guide`` name: a lazy Index (a never-seen regex's first
-  processor, see :mod:`~outlines_maskcache.lazy_compile`) gets a
-  ``LazyGuide``, anything else stock's ``Guide``; the processor then runs
-  stock's own code on it, and is handed the full Index once compiled.
-* ``OutlinesCoreBackend.create_outlines_core_vocabulary`` and the Index
-  compile: through the persistent store (:mod:`outlines_maskcache.compiled`),
-  unless the module's ``Vocabulary`` / ``Index`` are not outlines_core's
-  (a test double): then stock's constructors run.
-* the schema -> regex conversion, only while the compile guard is on: the
-  module's ``build_regex_from_schema`` (1.3) or
-  ``get_json_schema_logits_processor`` (1.2, which calls outlines_core's
-  conversion through its module) runs it in the guard's worker.
+* the processor's ``_bias_logits_*`` (the methods stock's ``process_logits``
+  dispatches to): masks from the cache, so an override keeps its place;
+* ``process_logits`` and ``__call__``: stock's step with the last tokens
+  read at once and, for a 2-D batch or llama.cpp's 1-D pair, without the
+  tensor adapter's shape normalisation; the advance rule is the installed
+  release's (``advance_rule``);
+* the backend's ``__init__``, vocabulary conversion and
+  ``get_regex_logits_processor``: memoized and stored, because outlines
+  rebuilds the Vocabulary and Index on every ``model(prompt, output_type)``
+  call; each backend still owns a copy of its vocabulary, and a memoized
+  Index is served only while that copy equals its source;
+* the module's ``Guide`` name: a lazy Index gets a ``LazyGuide``;
+* the schema -> regex conversion, only while the compile guard is on.
 
-Guide state stays in stock's attributes (``_guides``, ``is_first_token``),
-so switching ``disabled()`` on or off mid-generation is consistent.
+Guide state stays in stock's attributes, so ``disabled()`` may switch
+mid-generation.
 """
 
 from __future__ import annotations

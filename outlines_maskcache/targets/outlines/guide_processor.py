@@ -1,30 +1,18 @@
-"""Adapter for the outlines 0.1-1.1 line (tested range in :mod:`outlines_maskcache.targets`): ``outlines.processors.structured.GuideLogitsProcessor``.
+"""Adapter for the outlines 0.1-1.1 line: ``outlines.processors.structured.GuideLogitsProcessor``.
 
-Two layouts of one algorithm live in this line, and stock's own per-step
-cost is rebuilding a (B, V) bool mask from ``torch.tensor(allowed_ids)``
-(0.15-31 ms a row at 128k tokens):
+Two layouts of one algorithm: 0.1.1-0.2.x masks torch logits in place;
+1.0-1.1 goes through a ``tensor_adapter`` and masks out of place.  Patched:
 
-* 0.1.1-0.2.x: torch only, masks *in place* (``logits.masked_fill_``).
-* 1.0-1.1: a ``tensor_adapter`` (torch, numpy, mlx...), masks *out of place*
-  (``masked_fill`` / ``copy()``), so the caller's logits stay untouched.
+* ``GuideLogitsProcessor.process_logits``: each row's state comes from
+  stock's own prefix-hash table (``_guide_states``, ``_seq_start_idx``),
+  filled as stock fills it; the masks come from the cache.
+  ``CFGLogitsProcessor`` overrides ``process_logits`` and stays stock.
+* ``RegexGuide.from_regex``: memoized, because every ``generate.json`` /
+  ``Generator`` call compiles a new guide, which would leave the mask
+  cache cold.  A ``RegexGuide`` holds no per-generation state (its
+  ``copy()`` returns ``self``), so sharing one changes no result.
 
-Patched:
-
-* ``GuideLogitsProcessor.process_logits`` (Regex/JSON processors inherit it):
-  each row's state comes from stock's own prefix-hash table
-  (``_guide_states``, ``_seq_start_idx``), filled exactly as stock fills it;
-  masks come from the cache; any fault runs stock's method for the step.
-  ``CFGLogitsProcessor`` overrides ``process_logits`` and so stays stock, as
-  does any guide whose allowed tokens are not a function of an FSM state.
-* ``RegexGuide.from_regex``: memoized, because every ``generate.regex`` /
-  ``generate.json`` / ``Generator`` call compiles a new guide (1-3 s with the
-  GPT-2 vocabulary here; 1.x's disk cache still unpickles a new Index), which
-  would leave the mask cache cold.  A ``RegexGuide`` holds no per-generation
-  state (stock's ``copy()`` returns ``self``), so sharing one changes no result.
-
-0.1.0 is not patched: its base passes ``input_ids`` as lists, it masks out of
-place with ``full_like`` and its ``RegexGuide`` has no ``from_regex``; that
-layout is untested here (docs/versions.md).
+0.1.0 is not patched (docs/versions.md).
 """
 
 from __future__ import annotations

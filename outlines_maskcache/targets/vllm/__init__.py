@@ -1,24 +1,16 @@
-"""Adapter for vLLM V1 (the range is in :mod:`outlines_maskcache.targets`): ``vllm.v1.structured_output.backend_outlines``.
+"""Adapter for vLLM V1: ``vllm.v1.structured_output.backend_outlines``.
 
-vLLM's outlines backend fills one int32 bitmask row per constrained request
-per step with ``guide.write_mask_into``, in the EngineCore process, and
-applies the bitmask to the logits.  Each part has its module:
+vLLM's outlines backend fills one int32 bitmask row per constrained
+request per step (``guide.write_mask_into``) in the EngineCore process and
+applies the bitmask to the logits.  :mod:`.compile` names each grammar by
+its content, loads Indexes from the store and wraps guides in a
+:mod:`.quiet_guide`; :mod:`.fill` serves rows from the cache; :mod:`.apply`
+applies sparse CPU rows by plans.  A grammar compiled while the cache was
+off carries no fingerprint and is filled by stock.
 
-* :mod:`.compile` names each compiled grammar by its content, loads
-  Indexes from the store and wraps guides in a :mod:`.quiet_guide`;
-* :mod:`.fill` serves each request's row from the cache;
-* :mod:`.apply` applies the CPU rows by plans where that pays.
-
-A grammar compiled while the cache was off (or by code we do not know)
-carries no fingerprint and is always filled by stock.
-
-vLLM loads us through the ``vllm.general_plugins`` entry point in every
-process it starts (:func:`outlines_maskcache.plugins.vllm`).  The
-EngineCore usually runs in its own process, where
-``outlines_maskcache.stats()`` of the caller cannot see; set
-``OUTLINES_MASKCACHE_STATS_FILE=/path/stats-{pid}.json`` to have each
-process that filled bitmasks write its stats there
-(:mod:`outlines_maskcache.stats_file`).
+Loaded by the ``vllm.general_plugins`` entry point in every process
+(:func:`outlines_maskcache.plugins.vllm`); the EngineCore's stats reach
+the user through ``OUTLINES_MASKCACHE_STATS_FILE``.
 """
 
 from __future__ import annotations

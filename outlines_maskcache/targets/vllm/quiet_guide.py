@@ -1,21 +1,14 @@
 """An outlines_core ``Guide`` whose ``advance`` builds no token list nobody reads.
 
-``Guide.advance(token)`` returns, by default, the Python list of every token
-allowed in the new state: ~100k ints at 128k vocabulary inside a JSON string
-(596 us to build and free, against 0.12 us for ``advance(token, False)``).
-vLLM's ``accept_tokens`` and ``_is_finished_after`` call ``advance(t)`` as a
-statement and discard that list; in an offline generation profile it was
-three quarters of the engine's time.
-
-Rewriting vLLM's methods would freeze one release's logic (its EOS and
-termination rules changed several times in 2026).  Instead the guide looks
-at its caller: when the call's result is popped unused (the next bytecode
-instruction after the call is ``POP_TOP``), it passes ``return_tokens=False``;
-in every other case (assigned, returned, passed on, or a bytecode shape we do
-not recognise) it builds the list exactly as stock.  The state transition is
-the same call either way, so every state, rollback and termination is
-stock's.  The answer is cached per (code object, instruction offset), so the
-check costs a frame lookup and a dict hit.
+``Guide.advance(token)`` returns the list of every token allowed next (up
+to the whole vocabulary), which vLLM's ``accept_tokens`` and
+``_is_finished_after`` discard; it was most of the engine's time in an
+offline profile (docs/engines.md).  Rewriting vLLM's methods would freeze
+one release's termination rules, so the guide looks at its caller: when
+the next bytecode instruction after the call is ``POP_TOP`` it passes
+``return_tokens=False``; in every other case, or a shape it does not
+know, it builds the list as stock.  The transition is the same call
+either way.  The answer is cached per (code object, offset).
 """
 
 from __future__ import annotations
