@@ -124,12 +124,6 @@ def allowed_from_ids(ids: Any, width: int) -> np.ndarray:
     return allowed
 
 
-def words_from_allowed(allowed: np.ndarray, n_words: int) -> np.ndarray:
-    padded = np.zeros(n_words * 32, dtype=bool)
-    padded[: allowed.size] = allowed[: n_words * 32]
-    return np.packbits(padded, bitorder="little").view("<i4").astype(np.int32)
-
-
 def kernel_for(logits: Any) -> Kernel | None:
     """The kernel for *logits*' library, or None for a library we do not handle."""
     module = type(logits).__module__
