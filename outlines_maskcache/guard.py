@@ -108,10 +108,8 @@ class Worker:
     def regex(self, schema: str, timeout: float | None, whitespace_pattern: str | None = None) -> str:
         """The regex outlines_core builds from the JSON *schema*, built in the worker.
 
-        The conversion is guarded like a compile because it is not always
-        cheap: for some real schemas it expands into a regex of gigabytes
-        (one MaskBench schema asked for a single 3.9 GB allocation), which
-        would abort or OOM-kill the caller's process.
+        Guarded like a compile: for some real schemas the conversion alone asks
+        for gigabytes, which would abort or OOM-kill the caller.
         """
         def send(stdin: IO[bytes]) -> None:
             _write_frame(stdin, {"op": "regex", "spec": schema, "whitespace": whitespace_pattern})

@@ -200,13 +200,11 @@ def lazy_index(regex: str, vocabulary: Any, table: Any = None, stats: Any = None
                compile: Callable[[str, Any, str], Any] | None = None) -> Any:
     """A :class:`~outlines_maskcache.lazy_index.LazyIndex` of *regex* over *vocabulary*, equal to ``Index(regex, vocabulary)``.
 
-    Raises :class:`~outlines_maskcache.lazy_index.NotExact` where that
-    equality cannot be proven, and whatever outlines_core raises for the
-    byte-level Index (then stock's compile raises its own error).  Pass the
-    vocabulary's :class:`~outlines_maskcache.lazy_index.TokenTable` when it
-    is at hand (building one costs about a second at 128k tokens), and
-    *compile* ``(regex, vocabulary, name) -> Index`` to build the byte-level
-    and probe Indexes elsewhere (the compile guard's worker).
+    Raises ``NotExact`` where that cannot be proven, and whatever
+    outlines_core raises for the byte-level Index.  *table*: the vocabulary's
+    ``TokenTable`` when at hand (building one takes about a second at 128k
+    tokens); *compile* ``(regex, vocabulary, name) -> Index`` builds the
+    byte-level and probe Indexes elsewhere (the compile guard's worker).
     """
     from outlines_maskcache.lazy_index import MAX_BYTE_INDEX_BYTES, LazyIndex, NotExact, TokenTable
 
@@ -293,17 +291,13 @@ def instruction_ids(tokens: Any) -> np.ndarray:
 
 def vocabulary_key(vocab: dict[str, int], eos_token_id: Any, eos_token: Any,
                    token_to_str: Callable[[str], str] | None, *extra: object, ordered: bool = False) -> str:
-    """A content key for a tokenizer vocabulary as a converter sees it (~40 ms at 128k tokens).
+    """A content key (prefixed :data:`VOCABULARY_PREFIX`) for a tokenizer vocabulary as a converter sees it.
 
-    It covers every (token, id) pair, the EOS token and id, and the
-    converted strings of a spread of tokens (when the converter takes a
-    *token_to_str*), so two tokenizers with one table but different
-    decoding rules get different keys.  Always prefixed with
-    :data:`VOCABULARY_PREFIX`.
-
-    *ordered*: the converter's result depends on the mapping's iteration
-    order (a later token overwrites an earlier one that decodes alike), so
-    the key covers the order too.
+    It covers every (token, id) pair, the EOS token and id, and the converted
+    strings of a spread of tokens, so one table under different decoding
+    rules gets different keys.  *ordered*: the converter's result depends on
+    the mapping's order (a later token overwrites one that decodes alike),
+    so the key covers the order too.
     """
     if ordered:
         h = hashlib.sha256(b"ordered\x00")

@@ -100,9 +100,8 @@ class Store:
     def get(self, key: str) -> bytes | None:
         """The verified payload stored under *key*, or None (a miss).
 
-        The payload is a ``bytes`` object read whole, never a slice copy of
-        the file nor a memoryview (outlines_core's ``from_binary`` takes a
-        memoryview 2.5x slower than bytes).
+        A ``bytes`` object read whole: outlines_core's ``from_binary`` takes
+        any other buffer several times slower.
         """
         path = self._path(key)
         try:
@@ -347,12 +346,10 @@ class _ShortRead(Exception):
 def _read_in_parallel(fd: int, offset: int, length: int, readers: int) -> tuple[bytes | None, bytes | None]:
     """Read *length* bytes at *offset* into a new ``bytes`` and digest them, *readers* threads sharing the chunks.
 
-    Why a bytes object filled in place: outlines_core's ``from_binary`` takes
-    ``bytes`` (or a bytearray) fast and any other buffer ~4x slower, and a
-    ``bytearray(n)`` zeroes every page in the calling thread holding the GIL
-    before the read even starts.  The page faults of a fresh 67 MB buffer
-    cost as much as reading it, so the threads fault, read and hash their own
-    chunks.  Each thread holds a reference to the result, so it outlives an
+    A ``bytes`` filled in place, because ``from_binary`` is slow on any
+    other buffer and ``bytearray(n)`` zeroes every page under the GIL before
+    the read starts: here each thread faults, reads and hashes its own
+    chunks.  Each holds a reference to the result, which so outlives an
     interrupted caller.
     """
     payload, view = _fresh_bytes(length)  # type: ignore[misc]

@@ -112,11 +112,8 @@ def _apply_with_sparse(logits: torch.Tensor, rows: Sequence[torch.Tensor], spars
                        nan_guard: bool) -> torch.Tensor:
     """A batch where some rows are sparse: their allowed values are read, the row set to -inf, and put back.
 
-    Exact for every input, NaN included (allowed values are moved, never
-    computed with).  The one moment a row is wrong is between the fill and
-    the put-back; if the put-back fails, every allowed value is written back
-    by a second route so the stock fallback still sees them, and if that fails
-    too :class:`LogitsLost` stops the fallback from masking damaged logits.
+    Exact for every input, NaN included: allowed values are moved, never
+    computed with.  A failed put-back is handled by ``write_or_restore``.
     """
     views = logits.unbind(0)
     kept = [views[i].index_select(0, rows[i]) for i in sparse]

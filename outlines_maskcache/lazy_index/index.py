@@ -219,12 +219,10 @@ class _DenseIds:
 class LazyIndex:
     """outlines_core 0.2's ``Index`` over a vocabulary, each state's row computed when first asked for.
 
-    Built from the byte-level Index's ``transitions`` (state -> {byte token
-    id -> state}, byte token ``b`` being ``bytes([b])`` with id ``b``),
-    ``final_states`` and ``initial_state``.  Raises :class:`NotExact` where
-    equality with the full Index cannot be proven (see the package's
-    docstring).  Rows are computed once and kept; concurrent first visits of
-    one state compute it once.
+    Built from the byte-level Index's transitions (byte token ``b`` is
+    ``bytes([b])`` with id ``b``), final states and initial state; raises
+    :class:`NotExact` where equality with the full Index cannot be proven.
+    Rows are computed once and kept; concurrent first visits compute once.
     """
 
     def __init__(self, transitions: Mapping[int, Mapping[int, int]], final_states: Iterable[int],

@@ -28,10 +28,9 @@ from outlines_maskcache.targets.vllm.compile import FINGERPRINT
 class BitmaskView:
     """A numpy view of vLLM's (CPU, possibly pinned) int32 bitmask, kept while the tensor is the same.
 
-    Torch indexing and ``copy_`` cost several times a numpy row assignment,
-    more than a cache hit should.  vLLM allocates one bitmask per engine and
-    fills it every step, so one slot nearly always hits; the view is re-made
-    if the tensor was reallocated or reshaped in place.
+    Torch indexing costs more than a cache hit should; vLLM fills one bitmask
+    per engine every step, so the view is re-made only when the tensor was
+    reallocated or reshaped.
     """
 
     def __init__(self) -> None:
