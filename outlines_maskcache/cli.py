@@ -1,8 +1,19 @@
 """``outlines-maskcache``: ahead-of-time compile, the grammar store, a demo, a status report and the benchmarks.
 
-Subcommands: ``compile``, ``store info|clear|prune``, ``demo``, ``status``
-and ``bench`` (its suites live in :mod:`outlines_maskcache.bench.cli`);
-``--help`` on each lists its options.
+The ``bench`` command's suites are defined in :mod:`outlines_maskcache.bench.cli`.
+
+    outlines-maskcache bench [--quick] [--tokenizers gpt2,llama3] [--batch 1,8,32] [--json out.json] [--plot out.png]
+    outlines-maskcache bench maskbench [--data DIR] [--tokenizer llama3] [--limit N] [--engines ...] [--json P] [--plot P] [--md]
+    outlines-maskcache bench sglang [--tokenizers gpt2,llama3]
+    outlines-maskcache bench setup [--sample 40] [--tokenizer llama3]
+    outlines-maskcache bench lazy [--sample 40] [--tokenizer llama3]
+    outlines-maskcache bench e2e [--model head128k,smollm2] [--batch 1,8] [--rounds 15]
+    outlines-maskcache bench e2e --schemas DIR [--engines llamacpp,transformers] [-n 20] [--match Glaive] [--interleaved R]
+    outlines-maskcache bench vllm [--tokenizer llama3] [--batch 8,32,128] [--grammars json-dense,regex-sparse,maskbench]
+    outlines-maskcache compile --tokenizer NAME_OR_PATH SCHEMA.json|PATTERN.regex|DIR ... [--timeout S] [--max-memory 8G]
+    outlines-maskcache store info|clear|prune
+    outlines-maskcache demo
+    outlines-maskcache status
 """
 
 from __future__ import annotations
