@@ -100,8 +100,8 @@ class Store:
     def get(self, key: str) -> bytes | None:
         """The verified payload stored under *key*, or None (a miss).
 
-        A ``bytes`` object read whole: outlines_core's ``from_binary`` takes
-        any other buffer several times slower.
+        A ``bytes`` object read whole, never a slice copy nor a memoryview:
+        outlines_core's ``from_binary`` takes a memoryview several times slower.
         """
         path = self._path(key)
         try:
@@ -346,11 +346,11 @@ class _ShortRead(Exception):
 def _read_in_parallel(fd: int, offset: int, length: int, readers: int) -> tuple[bytes | None, bytes | None]:
     """Read *length* bytes at *offset* into a new ``bytes`` and digest them, *readers* threads sharing the chunks.
 
-    A ``bytes`` filled in place, because ``from_binary`` is slow on any
-    other buffer and ``bytearray(n)`` zeroes every page under the GIL before
-    the read starts: here each thread faults, reads and hashes its own
-    chunks.  Each holds a reference to the result, which so outlives an
-    interrupted caller.
+    A ``bytes`` filled in place, because ``from_binary`` takes ``bytes`` (or a
+    bytearray) fast and other buffers several times slower, while
+    ``bytearray(n)`` zeroes every page under the GIL before the read starts:
+    here each thread faults, reads and hashes its own chunks.  Each thread
+    holds a reference to the result, so it outlives an interrupted caller.
     """
     payload, view = _fresh_bytes(length)  # type: ignore[misc]
     starts = range(0, length, _CHUNK)

@@ -5,7 +5,7 @@ which vLLM calls for every constrained row) writes ``-inf`` one blocked
 token at a time, holding the GIL.  A **sparse** row (at most
 ``row_forms.PLAN_SPARSE_BELOW`` of the vocabulary allowed) is applied
 instead by keeping the allowed logits, filling the row with ``-inf`` and
-putting them back.  Planning dense rows did not pay (docs/benchmark-history.md).
+putting them back.  Planning dense rows did not pay (CHANGELOG, Removed).
 
 A plan serves only bits equal, word for word, to the ones it was made
 from.  It is found by **content** (the row's bytes key a bounded LRU) or

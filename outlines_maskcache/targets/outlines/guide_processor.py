@@ -6,7 +6,8 @@ Two layouts of one algorithm: 0.1.1-0.2.x masks torch logits in place;
 * ``GuideLogitsProcessor.process_logits``: each row's state comes from
   stock's own prefix-hash table (``_guide_states``, ``_seq_start_idx``),
   filled as stock fills it; the masks come from the cache.
-  ``CFGLogitsProcessor`` overrides ``process_logits`` and stays stock.
+  ``CFGLogitsProcessor`` overrides ``process_logits`` and stays stock, as
+  does any guide whose allowed tokens are not a function of its state.
 * ``RegexGuide.from_regex``: memoized, because every ``generate.json`` /
   ``Generator`` call compiles a new guide, which would leave the mask
   cache cold.  A ``RegexGuide`` holds no per-generation state (its
