@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Hashable, Iterable
 
 Key = tuple  # (fingerprint, device, *rest)
@@ -174,13 +174,7 @@ class MaskCache:
         with self._lock:
             c = self.counters
             return {
-                "hits": c.hits,
-                "misses": c.misses,
-                "evictions": c.evictions,
-                "bypasses": c.bypasses,
-                "invalid": c.invalid,
-                "fallbacks": c.fallbacks,
-                "verified": c.verified,
+                **{f.name: getattr(c, f.name) for f in fields(c) if f.name != "extra"},
                 **c.extra,
                 "entries": len(self._entries),
                 "bytes": sum(self._bytes.values()),

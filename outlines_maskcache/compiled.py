@@ -17,7 +17,6 @@ derived from them.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable, Hashable, TypeVar
 
 from outlines_maskcache import outlines_core_calls as core
@@ -32,12 +31,7 @@ KEY_LAYOUT = 1
 
 def store_key(kind: str, *parts: object) -> str:
     """The store key of a compiled object: 64 hex digits over all it depends on."""
-    h = hashlib.sha256()
-    for part in ("outlines_maskcache", KEY_LAYOUT, core.version(), kind, *parts):
-        data = part if isinstance(part, bytes) else repr(part).encode("utf-8", "surrogatepass")
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
+    return digest("outlines_maskcache", KEY_LAYOUT, core.version(), kind, *parts, length=64)
 
 
 def memoized(where: str, key: Callable[[], tuple[Hashable, ...]], build: Callable[[tuple[Hashable, ...]], T],

@@ -20,11 +20,12 @@ ENV_ENABLE = "OUTLINES_MASKCACHE"
 ENV_MAX_BYTES = "OUTLINES_MASKCACHE_MAX_BYTES"
 ENV_STORE = "OUTLINES_MASKCACHE_STORE"
 ENV_STORE_MAX_BYTES = "OUTLINES_MASKCACHE_STORE_MAX_BYTES"
-ENV_LAZY_INDEX = "OUTLINES_MASKCACHE_LAZY_INDEX"
-#: switches for engine-side work beyond the mask cache (docs/engines.md), read once at import
+#: on/off settings read from the environment once, at import: engine-side work beyond the mask
+#: cache (docs/engines.md) and the lazy Index (docs/lazy-index.md); unset keeps the default
 ENV_SWITCHES = {
     "quiet_advance": "OUTLINES_MASKCACHE_QUIET_ADVANCE",
     "plan_sparse_rows": "OUTLINES_MASKCACHE_SPARSE_APPLY",
+    "lazy_index": "OUTLINES_MASKCACHE_LAZY_INDEX",
 }
 
 #: Bytes of cached masks allowed per device.  A 128k-vocabulary fp32 row is
@@ -173,17 +174,10 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
         try:
             switch = _switch(environ.get(env))
         except ValueError as err:
-            warnings.warn(f"{env}={err}; keeping it on", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{env}={err}; keeping the default", RuntimeWarning, stacklevel=3)
             continue
         if switch is not None:
             settings = settings.updated(**{name: switch})
-    try:
-        lazy = _switch(environ.get(ENV_LAZY_INDEX))
-    except ValueError as err:
-        warnings.warn(f"{ENV_LAZY_INDEX}={err}; keeping the default (on where proven)", RuntimeWarning, stacklevel=3)
-        lazy = None
-    if lazy is not None:
-        settings = settings.updated(lazy_index=lazy)
     raw = environ.get(ENV_STORE)
     if raw is not None and raw.strip():
         value = raw.strip()

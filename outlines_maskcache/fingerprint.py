@@ -21,7 +21,7 @@ import hashlib
 import itertools
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable
 
 Fingerprint = str
 #: fingerprints that name a grammar only inside this process: identity
@@ -36,19 +36,14 @@ def is_content(fingerprint: object) -> bool:
     return isinstance(fingerprint, str) and not fingerprint.startswith((IDENTITY_PREFIX, LOCAL_PREFIX))
 
 
-def digest(*parts: object) -> Fingerprint:
+def digest(*parts: object, length: int = 32) -> Fingerprint:
+    """*length* hex digits of sha256 over the parts, each length-prefixed (bytes as they are, anything else its repr)."""
     h = hashlib.sha256()
     for part in parts:
         data = part if isinstance(part, bytes) else repr(part).encode("utf-8", "surrogatepass")
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
-    return h.hexdigest()[:32]
-
-
-def vocabulary_digest(items: Iterable[tuple[Any, Any]], *extra: object) -> Fingerprint:
-    """Order-independent content hash of a token->id(s) mapping."""
-    rows = sorted(repr(item) for item in items)
-    return digest(*extra, "\x00".join(rows))
+    return h.hexdigest()[:length]
 
 
 def vocabulary_hash(vocab: dict) -> Any:
@@ -59,8 +54,8 @@ def vocabulary_hash(vocab: dict) -> Any:
     """
     try:
         return hash(frozenset(vocab.items()))
-    except TypeError:  # lists of ids
-        return vocabulary_digest(vocab.items())
+    except TypeError:  # lists of ids: an order-independent digest
+        return digest("\x00".join(sorted(repr(item) for item in vocab.items())))
 
 
 class Registry:
@@ -181,6 +176,12 @@ class Memo:
                 return False
             self._items[key] = new
             return True
+
+    def snapshot(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "entries": len(self._items)}
+
+    def reset_counters(self) -> None:
+        self.hits = self.misses = 0
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()

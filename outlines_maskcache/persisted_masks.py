@@ -5,8 +5,8 @@ so once any process has asked outlines_core for it, no process needs to
 ask again.  Each grammar named by its *content* (an identity token means
 nothing in another process) gets one store entry of the rows of the
 states visited so far: loaded on first use, saved back merged with what
-other processes added, mid-run on a background thread (a save re-reads,
-merges and hashes up to 64 MiB) and at exit.
+other processes added, mid-run on the runtime's store-write thread (a save
+re-reads, merges and hashes up to 64 MiB) and at exit.
 
 Payload (little-endian), verified again after the store's checksum:
 ``b"OMCMASKS"``, u32 words per row, u32 reserved, u64 row count, the states
@@ -16,8 +16,6 @@ verified bytes.
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 import struct
 import threading
@@ -30,8 +28,6 @@ from outlines_maskcache import outlines_core_calls as core
 from outlines_maskcache.compiled import store_key
 from outlines_maskcache.fingerprint import is_content
 from outlines_maskcache.runtime import RUNTIME
-
-log = logging.getLogger("outlines_maskcache")
 
 _MAGIC = b"OMCMASKS"
 _HEAD = struct.Struct("<8sIIQ")
@@ -88,10 +84,8 @@ class PersistedMasks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._grammars: OrderedDict[tuple[str, int], GrammarRows] = OrderedDict()
-        self._atexit = False
-        #: grammars with a save due, once each (keyed by identity); the saver thread drains it
+        #: grammars with a save queued, once each (keyed by identity)
         self._due: dict[int, GrammarRows] = {}
-        self._saver: threading.Thread | None = None
 
     def grammar(self, fingerprint: Any, n_words: int) -> GrammarRows | None:
         """The rows of a content-named grammar (loaded on first use); None when nothing can be persisted."""
@@ -121,9 +115,6 @@ class PersistedMasks:
             while len(self._grammars) > _MAX_GRAMMARS:
                 _, gone = self._grammars.popitem(last=False)
                 self._schedule(gone)
-            if not self._atexit:
-                atexit.register(self.save_all)
-                self._atexit = True
         return found
 
     def learned(self, rows: GrammarRows, state: int, row: np.ndarray) -> None:
@@ -138,24 +129,16 @@ class PersistedMasks:
                 self._schedule(rows)
 
     def _schedule(self, rows: GrammarRows) -> None:
-        """Queue a save for the saver thread (started when idle).  Caller holds ``_lock``."""
-        self._due[id(rows)] = rows
-        if self._saver is None:
-            self._saver = threading.Thread(target=self._drain, name="outlines-maskcache-mask-saver", daemon=True)
-            self._saver.start()
+        """Queue one save of *rows* on the runtime's store-write thread.  Caller holds ``_lock``."""
+        if id(rows) not in self._due:
+            self._due[id(rows)] = rows
+            RUNTIME.writes.submit("mask rows save", lambda: self._save_queued(rows))
 
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                if not self._due:
-                    self._saver = None
-                    return
-                _, rows = self._due.popitem()
-            try:
-                self._save(rows)
-            except Exception as err:  # noqa: BLE001 - a failed save is only a colder restart
-                log.warning("outlines_maskcache: saving mask rows failed (%s: %s); a restart will be colder",
-                            type(err).__name__, err)
+    def _save_queued(self, rows: GrammarRows) -> None:
+        with self._lock:
+            if self._due.pop(id(rows), None) is None:
+                return  # dropped by clear() or saved by save_all() meanwhile
+        self._save(rows)
 
     def forget(self, rows: GrammarRows, why: str = "a persisted mask row differs from a fresh build") -> None:
         """Drop a grammar whose persisted rows failed verification (here and in the store)."""
@@ -193,11 +176,8 @@ class PersistedMasks:
         RUNTIME.cache.count("mask_rows_saved", len(merged))
 
     def save_all(self) -> None:
-        """Save every grammar with new rows now (at exit, and for tests); waits for a save in flight."""
-        with self._lock:
-            saver = self._saver
-        if saver is not None and saver is not threading.current_thread():
-            saver.join()  # it drains the queue; what is left below has rows learned since
+        """Save every grammar with new rows now (at exit, and for tests), after the saves already queued."""
+        RUNTIME.writes.drain()
         with self._lock:
             grammars = list(self._grammars.values())
             grammars += [r for r in self._due.values() if all(r is not g for g in grammars)]
@@ -209,18 +189,17 @@ class PersistedMasks:
                 pass
 
     def clear(self) -> None:
-        """Forget every grammar; a save in flight finishes first, queued ones are dropped."""
+        """Forget every grammar; queued saves are dropped, one in flight finishes first."""
         with self._lock:
             self._grammars.clear()
             self._due.clear()
-            saver = self._saver
-        if saver is not None and saver is not threading.current_thread():
-            saver.join()
+        RUNTIME.writes.drain()
+
+    at_exit = save_all
 
     def after_fork(self) -> None:
-        # The saver thread did not survive the fork; what it had queued is saved at the child's exit.
+        # The parent's queued saves did not survive the fork; the child saves its grammars at its exit.
         self._lock = threading.Lock()
-        self._saver = None
         self._due = {}
         for rows in self._grammars.values():
             rows.lock = threading.Lock()

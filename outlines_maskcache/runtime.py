@@ -40,6 +40,8 @@ class Part(Protocol):
 
     def reset_counters(self) -> None: ...
 
+    def at_exit(self) -> None: ...
+
 
 _disabled: contextvars.ContextVar[int] = contextvars.ContextVar("outlines_maskcache_disabled", default=0)
 
@@ -48,23 +50,23 @@ class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.installed = False
-        self.cache = MaskCache(settings.max_bytes)
-        self.grammars = Registry(4 * settings.max_grammars, self.cache.drop)
+        #: per-process state, reached by clear(), reset_stats(), the fork hook and the exit hook
+        self._parts: list[Any] = []
+        #: parts that report in stats(), by the key they report under
+        self._reporting: dict[str, Any] = {}
+        self.cache = self.own(MaskCache(settings.max_bytes))
+        self.grammars = self.own(Registry(4 * settings.max_grammars, self.cache.drop))
         #: compiled grammars (outlines_core Index, RegexGuide...) by content key
-        self.grammar_memo = Memo(settings.max_grammars)
+        self.grammar_memo = self.report("grammar_memo", Memo(settings.max_grammars))
         #: token vocabularies converted for a compiler, by tokenizer identity + content
-        self.vocabulary_memo = Memo(max(4, settings.max_grammars // 4))
+        self.vocabulary_memo = self.report("vocabulary_memo", Memo(max(4, settings.max_grammars // 4)))
         self._logged: set[str] = set()
         self._log_lock = threading.Lock()
         #: (settings it was made for, the store or None); rebuilt when they change
         self._store: tuple[tuple, Store | None] = ((), None)
-        #: other per-process state, reached by clear(), reset_stats() and the fork hook
-        self._parts: list[Any] = []
         #: off the decode path: full compiles behind lazy Indexes, then store writes (both finished at exit)
         self.background = self.own(Background("compiles"))
         self.writes = self.own(Background("store-writes"))
-        #: parts that report in stats(), by the key they report under
-        self._reporting: dict[str, Any] = {}
         #: set by the exit hook: engines may refuse new work then (vLLM's compile executor does)
         self.exiting = False
 
@@ -78,8 +80,10 @@ class Runtime:
         return self.background.drain(timeout) and self.writes.drain(timeout)
 
     def at_exit(self) -> None:
+        """Finish the background work, then let each owned part save what it holds (persisted mask rows)."""
         self.exiting = True
         self.settle()
+        self._each("at_exit")
 
     def report(self, key: str, part: P) -> P:
         """Adopt *part* (as :meth:`own`) and put its ``snapshot()`` in :meth:`stats` under *key*."""
@@ -127,10 +131,6 @@ class Runtime:
     def clear(self) -> None:
         """Drop every cached mask, memo and owned part's contents (counters and the store's files are kept)."""
         self._each("clear")
-        self.cache.clear()
-        self.grammar_memo.clear()
-        self.vocabulary_memo.clear()
-        self.grammars.clear()
 
     def fault(self, where: str, err: BaseException) -> None:
         """Count a fallback to stock and log it once per place and error type."""
@@ -143,12 +143,7 @@ class Runtime:
         log.warning("outlines_maskcache: %s failed (%s: %s); used the stock computation", where, type(err).__name__, err)
 
     def stats(self) -> dict[str, Any]:
-        snap = self.cache.snapshot()
-        snap.update(
-            installed=self.installed,
-            grammar_memo={"hits": self.grammar_memo.hits, "misses": self.grammar_memo.misses, "entries": len(self.grammar_memo)},
-            vocabulary_memo={"hits": self.vocabulary_memo.hits, "misses": self.vocabulary_memo.misses, "entries": len(self.vocabulary_memo)},
-        )
+        snap = dict(self.cache.snapshot(), installed=self.installed)
         store = self.store()
         snap["store"] = store.snapshot() if store is not None else None
         for key, part in self._reporting.items():
@@ -157,11 +152,8 @@ class Runtime:
 
     def reset_stats(self) -> None:
         """Start a new observation window: counters to zero, and faults are logged again once."""
-        self.cache.reset_counters()
         with self._log_lock:
             self._logged.clear()
-        for memo in (self.grammar_memo, self.vocabulary_memo):
-            memo.hits = memo.misses = 0
         store = self._store[1]
         if store is not None:
             store.reset_counters()
@@ -169,13 +161,11 @@ class Runtime:
 
     def _after_fork(self) -> None:
         # Locks may have been held by another thread at fork time.
-        for part in (self.cache, self.grammars, self.grammar_memo, self.vocabulary_memo):
-            part.after_fork()
+        self._each("after_fork")
         self._log_lock = threading.Lock()
         if self._store[1] is not None:
             self._store[1].after_fork()
         self.cache.drop_devices(lambda device: not str(device).startswith("cpu"))
-        self._each("after_fork")
 
 
 RUNTIME = Runtime(settings_from_env())

@@ -11,11 +11,11 @@ interpreter exit.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
 import time
+from types import SimpleNamespace
 
 from outlines_maskcache.runtime import RUNTIME
 
@@ -58,8 +58,12 @@ def write_safely() -> None:
 
 
 def register_at_exit() -> None:
-    """For engines that exit without telling the adapter; writing twice is harmless (the newest counts win)."""
+    """For engines that exit without telling the adapter; writing twice is harmless (the newest counts win).
+
+    Through the runtime's exit hook, so the file is written after the
+    background work settled and the mask rows were saved, and counts them.
+    """
     if _state["registered"] or not os.environ.get(ENV_STATS_FILE):
         return
     _state["registered"] = True
-    atexit.register(write_safely)
+    RUNTIME.own(SimpleNamespace(at_exit=write_safely))
